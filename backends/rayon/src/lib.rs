@@ -1,0 +1,1 @@
+//! kvcore-rayon (in progress)

@@ -1,0 +1,1 @@
+//! kvcore-scalar (in progress)

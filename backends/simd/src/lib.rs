@@ -1,0 +1,1 @@
+//! kvcore-simd (in progress)

@@ -1,0 +1,278 @@
+//! The compute contract: the [`Backend`] trait and the views its kernels take.
+//!
+//! A backend supplies every numeric operation of a Llama forward pass. Implementations
+//! live in their own crates under `backends/` (`scalar`, the reference; `simd`; `rayon`);
+//! the model is generic over `B: Backend`, so the choice costs nothing at run time.
+//!
+//! Conventions shared by every kernel:
+//! - all shapes are row-major and written `[rows, cols]`; a batch of `n` vectors of
+//!   length `d` is one slice of `n·d` floats, `[n, d]`;
+//! - weights are a [`Weights`] view over their stored bytes (any [`DType`]) and are
+//!   never copied into a dequantised buffer;
+//! - activations and accumulators are `f32`;
+//! - every entry point checks its shapes first and returns a [`ShapeError`] that names
+//!   the mismatch; once the shapes are checked a kernel cannot fail.
+
+mod dtype;
+mod shape;
+
+pub use dtype::{DType, QK};
+pub use shape::{ShapeError, check};
+
+use std::ops::Range;
+
+/// A read-only view of a weight matrix `W: [rows, cols]` in its stored format.
+///
+/// Row `r` occupies bytes `r·row_bytes .. (r+1)·row_bytes` of `data`, with
+/// `row_bytes = dtype.row_bytes(cols)`. There is no alignment requirement: kernels read
+/// the bytes with unaligned loads.
+#[derive(Clone, Copy, Debug)]
+pub struct Weights<'a> {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    data: &'a [u8],
+}
+
+impl<'a> Weights<'a> {
+    /// A view of `data` as a `[rows, cols]` matrix of `dtype`.
+    ///
+    /// Errors when `cols` is not a whole number of blocks of `dtype` or when `data` is not
+    /// exactly `rows · row_bytes` long.
+    pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, ShapeError> {
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .ok_or(ShapeError::PartialBlock { dtype, cols })?;
+        let expected = rows
+            .checked_mul(row_bytes)
+            .ok_or(ShapeError::Overflow { what: "weight bytes" })?;
+        if data.len() != expected {
+            return Err(ShapeError::WeightBytes {
+                dtype,
+                rows,
+                cols,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(Weights { dtype, rows, cols, data })
+    }
+
+    /// A view of plain `f32` values `[rows, cols]`.
+    pub fn from_f32(rows: usize, cols: usize, values: &'a [f32]) -> Result<Self, ShapeError> {
+        Weights::new(DType::F32, rows, cols, bytemuck::cast_slice(values))
+    }
+
+    /// The element format.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of rows (output features of a matmul).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (the reduction length of a matmul).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        // Checked in `new`: cols is a whole number of blocks and the product fits.
+        self.data.len().checked_div(self.rows).unwrap_or(0)
+    }
+
+    /// All stored bytes, `rows · row_bytes` of them.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The stored bytes of row `r`.
+    ///
+    /// # Panics
+    /// If `r >= rows` (a programming error).
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        assert!(r < self.rows, "row {r} out of range for {} rows", self.rows);
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// The sub-matrix of rows `range`.
+    ///
+    /// # Panics
+    /// If the range is not within `0..rows` (a programming error).
+    pub fn slice_rows(&self, range: Range<usize>) -> Weights<'a> {
+        assert!(
+            range.start <= range.end && range.end <= self.rows,
+            "rows {range:?} out of range for {} rows",
+            self.rows
+        );
+        let rb = self.row_bytes();
+        Weights {
+            dtype: self.dtype,
+            rows: range.len(),
+            cols: self.cols,
+            data: &self.data[range.start * rb..range.end * rb],
+        }
+    }
+}
+
+/// How RoPE pairs the elements of a head vector `x[0..d]`.
+///
+/// Both rotate pair `i` (for `i in 0..d/2`) by the angle `pos · θ_i`, with
+/// `θ_i = base^(−2i/d)`:
+/// `(a, b) ← (a·cos − b·sin, a·sin + b·cos)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs of adjacent elements `(x[2i], x[2i+1])`: llama.cpp's layout for llama-arch
+    /// GGUF files (whose converter permutes the Q and K weights to match).
+    Interleaved,
+    /// Pairs split across the halves `(x[i], x[i + d/2])`: Hugging Face checkpoints
+    /// (`rotate_half`).
+    Halves,
+}
+
+/// Rotary position embedding parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Frequency base (`10000` for Llama 2, `100000` for SmolLM2).
+    pub base: f32,
+    /// The pairing of elements within a head.
+    pub style: RopeStyle,
+}
+
+/// Geometry of one attention call.
+///
+/// The query holds `n_new` new positions, the keys and values hold `n_keys` cached
+/// positions of one layer (`KvStore::keys`/`values`), `n_keys ≥ pos0 + n_new`. New
+/// position `i` sits at absolute position `pos0 + i` and attends causally to keys
+/// `0 ..= pos0 + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads; a multiple of `n_kv_heads`.
+    pub n_heads: usize,
+    /// Key/value heads. Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Absolute position of the first new query row (the causal offset).
+    pub pos0: usize,
+}
+
+/// The numeric kernels of a Llama forward pass.
+///
+/// Every method checks its shapes with [`check`] and returns [`ShapeError`] on a mismatch
+/// before touching any data. Implementations must agree with the `scalar` reference
+/// within the tolerances stated in `tests/conformance.rs`.
+pub trait Backend: Send + Sync {
+    /// A short name for reports: `"scalar"`, `"simd"`, `"rayon"`.
+    fn name(&self) -> &'static str;
+
+    /// Worker threads this backend computes with.
+    fn threads(&self) -> usize {
+        1
+    }
+
+    /// GEMV, the decode path: `y ← W x`.
+    ///
+    /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`. Accumulates in f32.
+    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError>;
+
+    /// GEMM, the prefill path: `Y ← X Wᵀ`.
+    ///
+    /// `w: [rows, cols]`, `x: [n, cols]`, `y: [n, rows]`, with `n = x.len() / cols`.
+    /// Row `t` of `Y` equals `gemv(W, X[t])` up to rounding.
+    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError>;
+
+    /// Rotary position embedding, in place.
+    ///
+    /// `x: [positions.len(), n_heads, head_dim]`; row `t` is rotated for absolute position
+    /// `positions[t]`. `head_dim` must be even.
+    fn rope(
+        &self,
+        x: &mut [f32],
+        head_dim: usize,
+        positions: &[usize],
+        rope: &Rope,
+    ) -> Result<(), ShapeError>;
+
+    /// Attention of one query head against one KV head's rows:
+    /// `out ← Σ_t softmax_t(scale · q·k_t) v_t` over `t in 0..n_keys`.
+    ///
+    /// `q: [head_dim]`, `keys`/`values`: `[n_keys, kv_dim]` of which this head reads
+    /// columns `kv_head·head_dim .. (kv_head+1)·head_dim`, `out: [head_dim]`.
+    /// The softmax subtracts the maximum score first; with `n_keys = 0` the output is
+    /// all zeros (an empty softmax has no weights, rather than 0/0 = NaN).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_head(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        n_keys: usize,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError>;
+
+    /// Causal grouped-query attention for `n_new` new positions.
+    ///
+    /// `q: [n_new, n_heads, head_dim]`, `keys`/`values`: `[n_keys, n_kv_heads·head_dim]`,
+    /// `out: [n_new, n_heads, head_dim]`; scale `1/√head_dim`. New row `i` attends to
+    /// keys `0 ..= shape.pos0 + i` (see [`AttnShape`]). The default runs
+    /// [`attend_head`](Backend::attend_head) for every (row, head) in order.
+    fn attention(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        out: &mut [f32],
+        shape: &AttnShape,
+    ) -> Result<(), ShapeError> {
+        let n_new = check::attention(q, keys, values, out, shape)?;
+        let hd = shape.head_dim;
+        let kv_dim = shape.n_kv_heads * hd;
+        let group = shape.n_heads / shape.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for i in 0..n_new {
+            let n_keys = shape.pos0 + i + 1;
+            for h in 0..shape.n_heads {
+                let at = (i * shape.n_heads + h) * hd;
+                self.attend_head(
+                    &q[at..at + hd],
+                    &keys[..n_keys * kv_dim],
+                    &values[..n_keys * kv_dim],
+                    n_keys,
+                    kv_dim,
+                    h / group,
+                    scale,
+                    &mut out[at..at + hd],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RMSNorm of each row: `out[t] ← x[t] / √(mean(x[t]²) + eps) ⊙ weight`.
+    ///
+    /// `x`, `out`: `[n, d]`, `weight: [d]`.
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32])
+    -> Result<(), ShapeError>;
+
+    /// SwiGLU: `out ← silu(gate) ⊙ up`, `silu(g) = g / (1 + e^(−g))`. All the same length.
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError>;
+
+    /// Residual add: `acc ← acc + x`. Same length.
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError>;
+
+    /// Softmax of one row in place, max-subtracted. An empty row is left empty; a row
+    /// whose maximum is `−∞` (every entry masked) becomes all zeros rather than NaN.
+    fn softmax(&self, x: &mut [f32]);
+
+    /// Embedding lookup: `out ← W[row]` dequantised. `out: [cols]`.
+    fn embed_row(&self, table: &Weights<'_>, row: usize, out: &mut [f32])
+    -> Result<(), ShapeError>;
+}
