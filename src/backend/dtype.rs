@@ -66,7 +66,7 @@ impl DType {
     /// Bytes of one row of `cols` weights, or `None` when `cols` is not a whole number
     /// of blocks or the size overflows `usize`.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if cols % self.block_len() != 0 {
+        if !cols.is_multiple_of(self.block_len()) {
             return None;
         }
         (cols / self.block_len()).checked_mul(self.block_bytes())

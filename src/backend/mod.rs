@@ -43,9 +43,9 @@ impl<'a> Weights<'a> {
         let row_bytes = dtype
             .row_bytes(cols)
             .ok_or(ShapeError::PartialBlock { dtype, cols })?;
-        let expected = rows
-            .checked_mul(row_bytes)
-            .ok_or(ShapeError::Overflow { what: "weight bytes" })?;
+        let expected = rows.checked_mul(row_bytes).ok_or(ShapeError::Overflow {
+            what: "weight bytes",
+        })?;
         if data.len() != expected {
             return Err(ShapeError::WeightBytes {
                 dtype,
@@ -55,7 +55,12 @@ impl<'a> Weights<'a> {
                 actual: data.len(),
             });
         }
-        Ok(Weights { dtype, rows, cols, data })
+        Ok(Weights {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
     }
 
     /// A view of plain `f32` values `[rows, cols]`.
@@ -259,8 +264,13 @@ pub trait Backend: Send + Sync {
     /// RMSNorm of each row: `out[t] ← x[t] / √(mean(x[t]²) + eps) ⊙ weight`.
     ///
     /// `x`, `out`: `[n, d]`, `weight: [d]`.
-    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32])
-    -> Result<(), ShapeError>;
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError>;
 
     /// SwiGLU: `out ← silu(gate) ⊙ up`, `silu(g) = g / (1 + e^(−g))`. All the same length.
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError>;
@@ -275,4 +285,78 @@ pub trait Backend: Send + Sync {
     /// Embedding lookup: `out ← W[row]` dequantised. `out: [cols]`.
     fn embed_row(&self, table: &Weights<'_>, row: usize, out: &mut [f32])
     -> Result<(), ShapeError>;
+}
+
+/// A shared reference to a backend is a backend: one backend can serve several models.
+impl<B: Backend + ?Sized> Backend for &B {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn threads(&self) -> usize {
+        (**self).threads()
+    }
+    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).gemv(w, x, y)
+    }
+    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).gemm(w, x, y)
+    }
+    fn rope(
+        &self,
+        x: &mut [f32],
+        head_dim: usize,
+        positions: &[usize],
+        rope: &Rope,
+    ) -> Result<(), ShapeError> {
+        (**self).rope(x, head_dim, positions, rope)
+    }
+    fn attend_head(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        n_keys: usize,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        (**self).attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)
+    }
+    fn attention(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        out: &mut [f32],
+        shape: &AttnShape,
+    ) -> Result<(), ShapeError> {
+        (**self).attention(q, keys, values, out, shape)
+    }
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        (**self).rms_norm(x, weight, eps, out)
+    }
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).swiglu(gate, up, out)
+    }
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
+        (**self).add(acc, x)
+    }
+    fn softmax(&self, x: &mut [f32]) {
+        (**self).softmax(x)
+    }
+    fn embed_row(
+        &self,
+        table: &Weights<'_>,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        (**self).embed_row(table, row, out)
+    }
 }

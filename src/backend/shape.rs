@@ -67,7 +67,7 @@ pub mod check {
         if w.cols() == 0 {
             return Err(ShapeError::Geometry("gemm with zero columns"));
         }
-        if x.len() % w.cols() != 0 {
+        if !x.len().is_multiple_of(w.cols()) {
             return Err(ShapeError::NotMultiple {
                 what: "gemm x",
                 len: x.len(),
@@ -84,14 +84,16 @@ pub mod check {
 
     /// `x: [positions.len(), n_heads, head_dim]`, `head_dim` even and non-zero.
     pub fn rope(x: &[f32], head_dim: usize, positions: &[usize]) -> Result<(), ShapeError> {
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(ShapeError::Geometry("rope head_dim must be even and non-zero"));
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(ShapeError::Geometry(
+                "rope head_dim must be even and non-zero",
+            ));
         }
         if positions.is_empty() {
             return len("rope x", x.len(), 0);
         }
         let row = x.len() / positions.len();
-        if x.len() % positions.len() != 0 || row % head_dim != 0 {
+        if !x.len().is_multiple_of(positions.len()) || !row.is_multiple_of(head_dim) {
             return Err(ShapeError::NotMultiple {
                 what: "rope x",
                 len: x.len(),
@@ -140,14 +142,18 @@ pub mod check {
         s: &AttnShape,
     ) -> Result<usize, ShapeError> {
         if s.head_dim == 0 || s.n_kv_heads == 0 || s.n_heads == 0 {
-            return Err(ShapeError::Geometry("attention heads and head_dim must be non-zero"));
+            return Err(ShapeError::Geometry(
+                "attention heads and head_dim must be non-zero",
+            ));
         }
-        if s.n_heads % s.n_kv_heads != 0 {
-            return Err(ShapeError::Geometry("n_heads must be a multiple of n_kv_heads"));
+        if !s.n_heads.is_multiple_of(s.n_kv_heads) {
+            return Err(ShapeError::Geometry(
+                "n_heads must be a multiple of n_kv_heads",
+            ));
         }
         let q_row = s.n_heads * s.head_dim;
         let kv_dim = s.n_kv_heads * s.head_dim;
-        if q.len() % q_row != 0 {
+        if !q.len().is_multiple_of(q_row) {
             return Err(ShapeError::NotMultiple {
                 what: "attention q",
                 len: q.len(),
@@ -156,7 +162,7 @@ pub mod check {
         }
         let n_new = q.len() / q_row;
         len("attention out", out.len(), q.len())?;
-        if keys.len() % kv_dim != 0 {
+        if !keys.len().is_multiple_of(kv_dim) {
             return Err(ShapeError::NotMultiple {
                 what: "attention keys",
                 len: keys.len(),
@@ -180,7 +186,7 @@ pub mod check {
         if weight.is_empty() {
             return Err(ShapeError::Geometry("rms_norm weight is empty"));
         }
-        if x.len() % weight.len() != 0 {
+        if !x.len().is_multiple_of(weight.len()) {
             return Err(ShapeError::NotMultiple {
                 what: "rms_norm x",
                 len: x.len(),

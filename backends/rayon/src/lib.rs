@@ -1,1 +1,279 @@
-//! kvcore-rayon (in progress)
+//! `kvcore-rayon`: a [`Backend`] that runs an inner backend's kernels on a rayon thread
+//! pool.
+//!
+//! [`Rayon<B>`] cuts each operation along outputs that are computed independently and
+//! hands every piece to the inner backend `B`:
+//!
+//! | op | split along | pieces call |
+//! |----|-------------|-------------|
+//! | `gemv` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv` |
+//! | `gemm` | output rows of `W`; each piece fills a `[n, rows_piece]` scratch that is copied into the columns of `Y` | `inner.gemm` |
+//! | `attention` | (new row, query head) pairs | `inner.attend_head` |
+//! | `rope` | tokens | `inner.rope` |
+//! | `rms_norm` | rows | `inner.rms_norm` |
+//! | `swiglu`, `add` | element ranges | `inner.swiglu`, `inner.add` |
+//! | `softmax`, `embed_row`, `attend_head` | not split | the inner op |
+//!
+//! It never splits inside a reduction (a dot product, a softmax sum, a sum of squares),
+//! so each output is computed by exactly the code and in exactly the order the inner
+//! backend would use: results are bitwise identical to `inner` at any thread count.
+//! GEMM is split over weight rows rather than tokens because the token count is what a
+//! backend may dispatch on (a one-token GEMM may take its GEMV path): every piece sees the
+//! caller's `n`. Small operations stay serial; the thresholds (measured) and the chunk
+//! alignment are documented in `split.rs`: matmul and attention from 2^18 multiply-adds,
+//! SwiGLU / RMSNorm / RoPE from 2^15 elements, the add from 2^18 elements; chunk
+//! boundaries at multiples of 64 rows or elements.
+//!
+//! Assumption on `inner`: its `attention` is the trait's default (one `attend_head` per
+//! (row, head) pair), and each of its outputs does not depend on how many other rows or
+//! elements the same call holds beyond 64-aligned tiles. The scalar and SIMD backends meet
+//! both; `tests/rayon_bitwise.rs` checks them at 1, 2 and 3 threads.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod split;
+
+pub use error::RayonError;
+
+use kvcore::backend::{AttnShape, Backend, Rope, ShapeError, Weights, check};
+use rayon::prelude::*;
+use split::{ALIGN, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, chunk_len};
+
+/// A backend running `B`'s kernels on its own pool of worker threads.
+///
+/// Results are bitwise identical to `B`'s (see the crate docs).
+pub struct Rayon<B: Backend> {
+    inner: B,
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl<B: Backend> Rayon<B> {
+    /// Wrap `inner` with a pool of `threads` worker threads.
+    ///
+    /// Errors with [`RayonError::ZeroThreads`] for `threads == 0` and
+    /// [`RayonError::Pool`] when the threads cannot be started.
+    pub fn new(inner: B, threads: usize) -> Result<Self, RayonError> {
+        if threads == 0 {
+            return Err(RayonError::ZeroThreads);
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kvcore-rayon-{i}"))
+            .build()
+            .map_err(|source| RayonError::Pool { threads, source })?;
+        Ok(Rayon {
+            inner,
+            pool,
+            threads,
+        })
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// Chunk length for `total` units with boundaries at multiples of `align`.
+    fn chunk(&self, total: usize, align: usize) -> usize {
+        chunk_len(total, self.threads, align)
+    }
+}
+
+impl<B: Backend> Backend for Rayon<B> {
+    fn name(&self) -> &'static str {
+        "rayon"
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemv(w, x, y)?;
+        if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
+            return self.inner.gemv(w, x, y);
+        }
+        let rc = self.chunk(w.rows(), ALIGN);
+        self.pool.install(|| {
+            y.par_chunks_mut(rc).enumerate().try_for_each(|(i, yc)| {
+                let start = i * rc;
+                self.inner
+                    .gemv(&w.slice_rows(start..start + yc.len()), x, yc)
+            })
+        })
+    }
+
+    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        let n = check::gemm(w, x, y)?;
+        let rows = w.rows();
+        if n.saturating_mul(rows).saturating_mul(w.cols()) < PAR_MIN_MACS {
+            return self.inner.gemm(w, x, y);
+        }
+        let rc = self.chunk(rows, ALIGN);
+        // Each piece computes `Y[:, start..start+len]` into its own `[n, len]` scratch.
+        let pieces: Vec<(usize, Vec<f32>)> = self.pool.install(|| {
+            (0..rows.div_ceil(rc))
+                .into_par_iter()
+                .map(|i| {
+                    let range = i * rc..((i + 1) * rc).min(rows);
+                    let mut part = vec![0.0; n * range.len()];
+                    self.inner
+                        .gemm(&w.slice_rows(range.clone()), x, &mut part)?;
+                    Ok((range.start, part))
+                })
+                .collect::<Result<_, ShapeError>>()
+        })?;
+        for (start, part) in &pieces {
+            let len = part.len() / n;
+            for (yt, pt) in y.chunks_exact_mut(rows).zip(part.chunks_exact(len)) {
+                yt[*start..*start + len].copy_from_slice(pt);
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        head_dim: usize,
+        positions: &[usize],
+        rope: &Rope,
+    ) -> Result<(), ShapeError> {
+        check::rope(x, head_dim, positions)?;
+        if x.len() < PAR_MIN_ELEMS {
+            return self.inner.rope(x, head_dim, positions, rope);
+        }
+        // Non-empty and at least one position, by the check and the threshold.
+        let row_len = x.len() / positions.len();
+        let tc = self.chunk(positions.len(), 1);
+        self.pool.install(|| {
+            x.par_chunks_mut(tc * row_len)
+                .zip(positions.par_chunks(tc))
+                .try_for_each(|(xc, pc)| self.inner.rope(xc, head_dim, pc, rope))
+        })
+    }
+
+    fn attend_head(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        n_keys: usize,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
+        self.inner
+            .attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)
+    }
+
+    fn attention(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        out: &mut [f32],
+        shape: &AttnShape,
+    ) -> Result<(), ShapeError> {
+        let n_new = check::attention(q, keys, values, out, shape)?;
+        let hd = shape.head_dim;
+        // Σ over new rows i of n_keys(i) = pos0 + i + 1, times heads and head_dim.
+        let keys_seen = n_new
+            .saturating_mul(shape.pos0)
+            .saturating_add(n_new * (n_new + 1) / 2);
+        let macs = keys_seen.saturating_mul(shape.n_heads).saturating_mul(hd);
+        if macs < PAR_MIN_MACS {
+            return self.inner.attention(q, keys, values, out, shape);
+        }
+        let kv_dim = shape.n_kv_heads * hd;
+        let group = shape.n_heads / shape.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.pool.install(|| {
+            out.par_chunks_mut(hd)
+                .zip(q.par_chunks(hd))
+                .enumerate()
+                .try_for_each(|(pair, (o, qh))| {
+                    let (i, h) = (pair / shape.n_heads, pair % shape.n_heads);
+                    let n_keys = shape.pos0 + i + 1;
+                    let kv = ..n_keys * kv_dim;
+                    self.inner.attend_head(
+                        qh,
+                        &keys[kv],
+                        &values[kv],
+                        n_keys,
+                        kv_dim,
+                        h / group,
+                        scale,
+                        o,
+                    )
+                })
+        })
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::rms_norm(x, weight, out)?;
+        if x.len() < PAR_MIN_ELEMS {
+            return self.inner.rms_norm(x, weight, eps, out);
+        }
+        let d = weight.len();
+        let rc = self.chunk(x.len() / d, 1);
+        self.pool.install(|| {
+            x.par_chunks(rc * d)
+                .zip(out.par_chunks_mut(rc * d))
+                .try_for_each(|(xc, oc)| self.inner.rms_norm(xc, weight, eps, oc))
+        })
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        check::same_len("swiglu up", gate.len(), up.len())?;
+        check::same_len("swiglu out", gate.len(), out.len())?;
+        if gate.len() < PAR_MIN_ELEMS {
+            return self.inner.swiglu(gate, up, out);
+        }
+        let c = self.chunk(gate.len(), ALIGN);
+        self.pool.install(|| {
+            gate.par_chunks(c)
+                .zip(up.par_chunks(c))
+                .zip(out.par_chunks_mut(c))
+                .try_for_each(|((g, u), o)| self.inner.swiglu(g, u, o))
+        })
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
+        check::same_len("add x", acc.len(), x.len())?;
+        if acc.len() < PAR_MIN_STREAM {
+            return self.inner.add(acc, x);
+        }
+        let c = self.chunk(acc.len(), ALIGN);
+        self.pool.install(|| {
+            acc.par_chunks_mut(c)
+                .zip(x.par_chunks(c))
+                .try_for_each(|(a, b)| self.inner.add(a, b))
+        })
+    }
+
+    fn softmax(&self, x: &mut [f32]) {
+        self.inner.softmax(x);
+    }
+
+    fn embed_row(
+        &self,
+        table: &Weights<'_>,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::embed_row(table, row, out)?;
+        self.inner.embed_row(table, row, out)
+    }
+}

@@ -1,1 +1,128 @@
-//! kvcore-scalar (in progress)
+//! `kvcore-scalar`: the reference [`Backend`], plain loops written for clarity.
+//!
+//! Every other backend is tested against this one (`tests/conformance.rs`), and this one
+//! is tested against a float64 implementation (`tests/scalar_reference.rs`). The kernels
+//! favour obviously-correct code over speed:
+//!
+//! - [`quant`]: the (de)quantisers of every [`DType`](kvcore::DType), byte-compatible
+//!   with the `gguf` Python package;
+//! - `matmul`: GEMV/GEMM, one weight row decoded at a time into a `[cols]` scratch, then a
+//!   left-to-right f32 dot product;
+//! - `softmax`: max-subtracted softmax (an all-`−∞` row gives zeros) and one attention
+//!   head;
+//! - `rope`: both RoPE pairings, angles in f64;
+//! - `norm`: RMSNorm with an f64 sum of squares;
+//! - `elementwise`: SwiGLU and the residual add.
+//!
+//! Activations and accumulators are f32 unless a module says otherwise; no operation uses
+//! a fused multiply-add. Every entry point runs the matching `kvcore::backend::check`
+//! first and touches no data on a [`ShapeError`].
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod elementwise;
+mod matmul;
+mod norm;
+pub mod quant;
+mod rope;
+mod softmax;
+
+use kvcore::backend::{Backend, Rope, ShapeError, Weights, check};
+
+/// The scalar reference backend: single-threaded, no SIMD, no state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scalar;
+
+impl Scalar {
+    /// The backend (it has no configuration).
+    pub const fn new() -> Self {
+        Scalar
+    }
+}
+
+impl Backend for Scalar {
+    fn name(&self) -> &'static str {
+        "scalar"
+    }
+
+    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemv(w, x, y)?;
+        matmul::gemv(w, x, y);
+        Ok(())
+    }
+
+    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemm(w, x, y)?;
+        matmul::gemm(w, x, y);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        head_dim: usize,
+        positions: &[usize],
+        rope: &Rope,
+    ) -> Result<(), ShapeError> {
+        check::rope(x, head_dim, positions)?;
+        rope::rope(x, head_dim, positions, rope);
+        Ok(())
+    }
+
+    fn attend_head(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        n_keys: usize,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
+        softmax::attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out);
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::rms_norm(x, weight, out)?;
+        norm::rms_norm(x, weight, eps, out);
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        check::same_len("swiglu up", gate.len(), up.len())?;
+        check::same_len("swiglu out", gate.len(), out.len())?;
+        elementwise::swiglu(gate, up, out);
+        Ok(())
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
+        check::same_len("add x", acc.len(), x.len())?;
+        elementwise::add(acc, x);
+        Ok(())
+    }
+
+    fn softmax(&self, x: &mut [f32]) {
+        softmax::softmax(x);
+    }
+
+    fn embed_row(
+        &self,
+        table: &Weights<'_>,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::embed_row(table, row, out)?;
+        quant::dequantize_row(table, row, out);
+        Ok(())
+    }
+}

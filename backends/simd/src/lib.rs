@@ -1,1 +1,242 @@
-//! kvcore-simd (in progress)
+//! `kvcore-simd`: a [`Backend`] with explicit SIMD kernels, AVX2+FMA(+F16C) on x86_64
+//! and NEON on aarch64, chosen once at construction by run-time CPU feature detection.
+//!
+//! Layout (one job per file, one folder per architecture):
+//! - `lib.rs`: [`Simd`], [`SimdPath`], feature detection and dispatch;
+//! - `kernel.rs`: the crate-private `Kernel` trait an instruction-set family implements;
+//! - `ops.rs`: the drivers (GEMV, GEMM panels, attention, RMSNorm), generic over the
+//!   kernel and so monomorphised per family;
+//! - `sgemm.rs`: the checked wrapper around `matrixmultiply::sgemm` used by GEMM;
+//! - `x86/`, `aarch64/`: the kernels (`dot.rs` f32 vector code, `quant.rs` GEMV and
+//!   decoding on the packed weight bytes).
+//!
+//! | op | SIMD path |
+//! |----|-----------|
+//! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
+//! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
+//! | `attend_head` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
+//! | `rms_norm` | SIMD sum of squares and products |
+//! | `add` | SIMD (bit for bit the scalar result) |
+//! | `rope`, `swiglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
+//!
+//! Activations stay f32 throughout (no 8-bit quantisation of `x`), so results differ
+//! from [`kvcore_scalar::Scalar`] by rounding only; each kernel file states its order of
+//! accumulation. `unsafe` appears only in the kernel files and `sgemm.rs`, each block
+//! with a `// SAFETY:` comment.
+
+mod kernel;
+mod ops;
+mod sgemm;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use kvcore::backend::{Backend, Rope, ShapeError, Weights, check};
+use kvcore_scalar::Scalar;
+
+/// The kernel family a [`Simd`] backend runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimdPath {
+    /// x86_64 AVX2 with FMA and F16C.
+    Avx2Fma,
+    /// aarch64 Advanced SIMD (NEON).
+    Neon,
+    /// No SIMD kernels: every operation is the scalar reference.
+    Scalar,
+}
+
+impl SimdPath {
+    /// The name used by `KVCORE_SIMD` (`"avx2"`, `"neon"`, `"scalar"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            SimdPath::Avx2Fma => "avx2",
+            SimdPath::Neon => "neon",
+            SimdPath::Scalar => "scalar",
+        }
+    }
+
+    /// The path named `name` as `KVCORE_SIMD` spells it, or `None`.
+    pub fn from_name(name: &str) -> Option<SimdPath> {
+        [SimdPath::Avx2Fma, SimdPath::Neon, SimdPath::Scalar]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
+/// The detected kernel family: a token proving the CPU supports it.
+#[derive(Clone, Copy, Debug)]
+enum Active {
+    #[cfg(target_arch = "x86_64")]
+    Avx2(x86::Avx2),
+    #[cfg(target_arch = "aarch64")]
+    Neon(aarch64::Neon),
+    Scalar,
+}
+
+/// The SIMD backend: single-threaded, kernels chosen by CPU feature detection.
+///
+/// Operations it does not accelerate, and every operation on a CPU without the
+/// features, run the scalar reference.
+#[derive(Clone, Copy, Debug)]
+pub struct Simd {
+    active: Active,
+}
+
+impl Default for Simd {
+    fn default() -> Self {
+        Simd::new()
+    }
+}
+
+impl Simd {
+    /// Detect the CPU features and take the best path, unless the environment variable
+    /// `KVCORE_SIMD` names one (`scalar`, `avx2`, `neon`): then that path if this CPU
+    /// runs it, else scalar. Any other value of the variable is ignored.
+    pub fn new() -> Self {
+        let forced = std::env::var("KVCORE_SIMD")
+            .ok()
+            .and_then(|v| SimdPath::from_name(v.trim()));
+        match forced {
+            Some(path) => Simd::with_path(path),
+            None => Simd::best(),
+        }
+    }
+
+    /// The best path this CPU runs.
+    pub fn best() -> Self {
+        let path = if cfg!(target_arch = "x86_64") {
+            SimdPath::Avx2Fma
+        } else if cfg!(target_arch = "aarch64") {
+            SimdPath::Neon
+        } else {
+            SimdPath::Scalar
+        };
+        Simd::with_path(path)
+    }
+
+    /// `path` if this CPU runs it, else the scalar path.
+    pub fn with_path(path: SimdPath) -> Self {
+        let active = match path {
+            #[cfg(target_arch = "x86_64")]
+            SimdPath::Avx2Fma => x86::Avx2::detect().map_or(Active::Scalar, Active::Avx2),
+            #[cfg(target_arch = "aarch64")]
+            SimdPath::Neon => aarch64::Neon::detect().map_or(Active::Scalar, Active::Neon),
+            _ => Active::Scalar,
+        };
+        Simd { active }
+    }
+
+    /// The path in use.
+    pub fn path(&self) -> SimdPath {
+        match self.active {
+            #[cfg(target_arch = "x86_64")]
+            Active::Avx2(_) => SimdPath::Avx2Fma,
+            #[cfg(target_arch = "aarch64")]
+            Active::Neon(_) => SimdPath::Neon,
+            Active::Scalar => SimdPath::Scalar,
+        }
+    }
+}
+
+/// Run `$simd` with `$k` bound to the active kernel token, or `$scalar` on the scalar
+/// path.
+macro_rules! dispatch {
+    ($self:ident, $k:ident => $simd:expr, scalar => $scalar:expr) => {
+        match $self.active {
+            #[cfg(target_arch = "x86_64")]
+            Active::Avx2($k) => $simd,
+            #[cfg(target_arch = "aarch64")]
+            Active::Neon($k) => $simd,
+            Active::Scalar => $scalar,
+        }
+    };
+}
+
+impl Backend for Simd {
+    fn name(&self) -> &'static str {
+        "simd"
+    }
+
+    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemv(w, x, y)?;
+        dispatch!(self, k => ops::gemv(k, w, x, y), scalar => Scalar.gemv(w, x, y)?);
+        Ok(())
+    }
+
+    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemm(w, x, y)?;
+        dispatch!(self, k => ops::gemm(k, w, x, y), scalar => Scalar.gemm(w, x, y)?);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        head_dim: usize,
+        positions: &[usize],
+        rope: &Rope,
+    ) -> Result<(), ShapeError> {
+        Scalar.rope(x, head_dim, positions, rope)
+    }
+
+    fn attend_head(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        n_keys: usize,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
+        dispatch!(
+            self,
+            k => ops::attend_head(k, q, keys, values, n_keys, kv_dim, kv_head, scale, out),
+            scalar => Scalar.attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)?
+        );
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        check::rms_norm(x, weight, out)?;
+        dispatch!(
+            self,
+            k => ops::rms_norm(k, x, weight, eps, out),
+            scalar => Scalar.rms_norm(x, weight, eps, out)?
+        );
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        Scalar.swiglu(gate, up, out)
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
+        check::same_len("add x", acc.len(), x.len())?;
+        dispatch!(self, k => kernel::Kernel::add(k, acc, x), scalar => Scalar.add(acc, x)?);
+        Ok(())
+    }
+
+    fn softmax(&self, x: &mut [f32]) {
+        Scalar.softmax(x)
+    }
+
+    fn embed_row(
+        &self,
+        table: &Weights<'_>,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        Scalar.embed_row(table, row, out)
+    }
+}

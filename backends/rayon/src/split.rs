@@ -1,0 +1,47 @@
+//! How the work is cut: size thresholds below which an op stays serial, and aligned chunk
+//! lengths.
+//!
+//! A parallel call costs a fork-join: waking the pool's workers and joining them, measured
+//! at 10–20 µs on the (shared, 2-core) development machine. An op goes parallel only
+//! where its serial time is several times that:
+//! - matmul and attention from [`PAR_MIN_MACS`] = 2^18 multiply-adds (`rows·cols` for
+//!   GEMV, `n·rows·cols` for GEMM, `Σ n_keys·head_dim` over the (row, head) pairs of
+//!   attention). The scalar GEMV runs ~1 ns per multiply-add, the AVX2 one ~0.3 ns
+//!   (measured: `[576, 576]` f32 in 700 µs and 190 µs), so 2^18 is 75–260 µs. SmolLM2's
+//!   `[576, 576]` and larger decode GEMVs and every prefill GEMM are parallel; the
+//!   `[192, 576]` K/V GEMV (110 k) is not.
+//! - SwiGLU, RMSNorm and RoPE from [`PAR_MIN_ELEMS`] = 2^15 elements: they cost an `exp`,
+//!   a square root or a sine per element or row, ~6 ns per element for SwiGLU (2^15
+//!   elements in 210 µs). A decode token's activations (576 or 1536 floats) stay serial,
+//!   a prefill batch does not.
+//! - the residual add from [`PAR_MIN_STREAM`] = 2^18 elements: it is bound by memory
+//!   bandwidth at ~0.15 ns per element (2^15 in 4 µs), so only large batches gain.
+//!
+//! Chunk boundaries (in rows or elements) are multiples of [`ALIGN`] = 64, so an inner
+//! backend that runs a vector body plus a scalar tail, or row tiles/panels of up to 64,
+//! sees the same tails and tiles in every chunk as it would in the whole operand: its
+//! result for each element is then the same bits whatever the thread count.
+
+/// Minimum multiply-adds for a parallel matmul or attention call.
+pub(crate) const PAR_MIN_MACS: usize = 1 << 18;
+
+/// Minimum elements for a parallel SwiGLU, RMSNorm or RoPE call.
+pub(crate) const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Minimum elements for a parallel residual add (memory bound).
+pub(crate) const PAR_MIN_STREAM: usize = 1 << 18;
+
+/// Chunk boundaries are multiples of this many rows or elements.
+pub(crate) const ALIGN: usize = 64;
+
+/// Tasks per worker thread, so that uneven progress (a shared machine, tails) balances.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Length of each chunk when `total` units are cut for `threads` workers: about
+/// `total / (4·threads)`, rounded up to a multiple of `align` (at least `align`, at least
+/// 1).
+pub(crate) fn chunk_len(total: usize, threads: usize, align: usize) -> usize {
+    let align = align.max(1);
+    let tasks = threads.max(1) * TASKS_PER_THREAD;
+    total.div_ceil(tasks).div_ceil(align).max(1) * align
+}

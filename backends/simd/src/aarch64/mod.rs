@@ -1,0 +1,77 @@
+//! aarch64 kernels: Advanced SIMD (NEON), 4 f32 lanes per register.
+//!
+//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
+//!   bytes directly.
+//!
+//! Every kernel is a safe `#[target_feature(enable = "neon")]` function (Rust requires the
+//! attribute even though the `aarch64-unknown-linux-gnu` target enables NEON at compile
+//! time); the only `unsafe` outside the loads and stores is the call into that code from
+//! [`Neon`]'s trait methods, justified by the run-time detection that created the token.
+
+mod dot;
+mod quant;
+
+use crate::kernel::Kernel;
+use kvcore::backend::{DType, Weights};
+
+/// Proof that this CPU runs NEON: only [`Neon::detect`] creates one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Neon {
+    _detected: (),
+}
+
+impl Neon {
+    /// `Some` when the CPU has NEON (run-time detection).
+    pub(crate) fn detect() -> Option<Neon> {
+        std::arch::is_aarch64_feature_detected!("neon").then_some(Neon { _detected: () })
+    }
+}
+
+// SAFETY (every `unsafe` block below): the callees are `#[target_feature(enable =
+// "neon")]` functions, and a `Neon` value exists only after `Neon::detect` found NEON at
+// run time. The callees check their slice lengths themselves.
+impl Kernel for Neon {
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { quant::gemv(w, x, block_sums, y) }
+    }
+
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { quant::dequantize(dtype, bytes, out) }
+    }
+
+    fn scores(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        kv_dim: usize,
+        col: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::scores(q, keys, kv_dim, col, scale, scores) }
+    }
+
+    fn weighted_sum(self, p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::weighted_sum(p, values, kv_dim, col, out) }
+    }
+
+    fn sum_squares(self, x: &[f32]) -> f32 {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::dot(x, x) }
+    }
+
+    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::scale_mul(x, r, w, out) }
+    }
+
+    fn add(self, acc: &mut [f32], x: &[f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::add(acc, x) }
+    }
+}

@@ -1,0 +1,53 @@
+//! The crate-private kernel trait every instruction-set family implements.
+//!
+//! A kernel is a zero-sized token ([`crate::x86::Avx2`], [`crate::aarch64::Neon`]) that can
+//! only be obtained from run-time feature detection, so holding one proves the CPU runs
+//! its instructions. The drivers in `ops.rs` are generic over `K: Kernel` and are
+//! monomorphised per family (the matrixmultiply pattern); each method below runs one
+//! whole loop inside the family's `#[target_feature]` code, so the feature boundary is
+//! crossed once per call, not once per element.
+//!
+//! Layouts follow `kvcore::backend`: row-major `[rows, cols]`, weights in their stored
+//! bytes, activations `f32`.
+
+use kvcore::backend::{DType, Weights};
+
+/// One instruction-set family's kernels. All lengths are checked by the callers in
+/// `ops.rs`; the implementations assert them again before any unchecked access.
+pub(crate) trait Kernel: Copy {
+    /// GEMV `y ← W x` for every dtype.
+    ///
+    /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`; `block_sums: [cols / 32]` holds
+    /// `Σ x_j` over each 32-element block of `x` (used by `Q4_1`, empty for the plain
+    /// formats).
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]);
+
+    /// Decode `out.len()` consecutive weights of `dtype` from `bytes` (whole blocks),
+    /// bit for bit equal to `kvcore_scalar::quant::dequantize`.
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
+
+    /// Attention scores `s_t ← scale · q·k_t` for `t in 0..scores.len()`, where `k_t` is
+    /// `keys[t·kv_dim + col .. t·kv_dim + col + q.len()]`.
+    fn scores(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        kv_dim: usize,
+        col: usize,
+        scale: f32,
+        scores: &mut [f32],
+    );
+
+    /// Weighted sum `out ← Σ_t p_t · v_t`, where `v_t` is
+    /// `values[t·kv_dim + col .. t·kv_dim + col + out.len()]` and `t in 0..p.len()`.
+    fn weighted_sum(self, p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]);
+
+    /// `Σ x_j²` in f32.
+    fn sum_squares(self, x: &[f32]) -> f32;
+
+    /// `out_j ← (x_j · r) · w_j`, two rounded products (as the scalar reference).
+    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]);
+
+    /// `acc_j ← acc_j + x_j` (correctly rounded, so bit for bit the scalar result).
+    fn add(self, acc: &mut [f32], x: &[f32]);
+}

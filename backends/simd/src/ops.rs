@@ -1,0 +1,125 @@
+//! The kernel drivers, generic over the instruction-set family `K: Kernel`.
+//!
+//! - `gemv`: one pass over the weight rows (`K::gemv`); for `Q4_1` the per-block sums
+//!   `Σ x_j` are computed once here and shared by every row.
+//! - `gemm`: `n = 1` is the GEMV. Otherwise `Y ← X Wᵀ` by `matrixmultiply::sgemm`:
+//!   directly on the stored values for aligned `F32` weights (strides express the
+//!   transpose, no copy), else on panels of [`PANEL_ROWS`] weight rows decoded into an
+//!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens.
+//! - `attend_head`: SIMD scores, the scalar reference softmax (exact `exp`), SIMD
+//!   weighted sum of the value rows.
+//! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
+//!   products.
+//!
+//! Every output depends only on its own row of `W` (or of `x`) and on `n`, never on how
+//! many other rows the call holds, so `kvcore_rayon::Rayon` splitting a call over rows
+//! gives bitwise identical results.
+
+use crate::kernel::Kernel;
+use crate::sgemm::{Gemm, sgemm};
+use kvcore::backend::{Backend, DType, QK, Weights};
+use kvcore_scalar::Scalar;
+
+/// Weight rows decoded per GEMM panel: `64 × 1536 × 4` bytes = 384 KiB at SmolLM2's
+/// widest reduction, sized to stay in L2 while `sgemm` streams the tokens past it.
+pub(crate) const PANEL_ROWS: usize = 64;
+
+/// `Σ x_j` over each 32-element block of `x`, left to right in f32 (`Q4_1` only).
+fn block_sums(dtype: DType, x: &[f32]) -> Vec<f32> {
+    if dtype != DType::Q4_1 {
+        return Vec::new();
+    }
+    x.chunks_exact(QK).map(|b| b.iter().sum()).collect()
+}
+
+/// `y ← W x`. Shapes are checked by the caller.
+pub(crate) fn gemv<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
+    k.gemv(w, x, &block_sums(w.dtype(), x), y);
+}
+
+/// `Y ← X Wᵀ` for `n = x.len() / cols` tokens. Shapes are checked by the caller
+/// (`cols > 0`).
+pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let n = x.len() / cols;
+    if n == 1 {
+        return gemv(k, w, x, y);
+    }
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if w.dtype() == DType::F32 {
+        // The stored bytes are the values; the cast fails only for a view that is not
+        // 4-byte aligned (`Weights` does not require it), which takes the panel path.
+        if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(w.data()) {
+            sgemm(Gemm {
+                x,
+                n,
+                cols,
+                w: values,
+                rows,
+                y,
+                y_col: 0,
+                y_stride: rows,
+            });
+            return;
+        }
+    }
+    let mut panel = vec![0.0f32; PANEL_ROWS.min(rows) * cols];
+    for r0 in (0..rows).step_by(PANEL_ROWS) {
+        let p = PANEL_ROWS.min(rows - r0);
+        let rb = w.row_bytes();
+        let bytes = &w.data()[r0 * rb..(r0 + p) * rb];
+        k.dequantize(w.dtype(), bytes, &mut panel[..p * cols]);
+        sgemm(Gemm {
+            x,
+            n,
+            cols,
+            w: &panel[..p * cols],
+            rows: p,
+            y,
+            y_col: r0,
+            y_stride: rows,
+        });
+    }
+}
+
+/// One query head against `n_keys` cached rows. Shapes are checked by the caller.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_head<K: Kernel>(
+    k: K,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    n_keys: usize,
+    kv_dim: usize,
+    kv_head: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    out.fill(0.0);
+    if hd == 0 || n_keys == 0 {
+        return;
+    }
+    let col = kv_head * hd;
+    let mut scores = vec![0.0f32; n_keys];
+    k.scores(q, keys, kv_dim, col, scale, &mut scores);
+    Scalar.softmax(&mut scores);
+    k.weighted_sum(&scores, values, kv_dim, col, out);
+}
+
+/// RMSNorm of each `[d]` row. Shapes are checked by the caller.
+///
+/// Numerics: the sum of squares is f32 in SIMD lanes (error `≤ (d + 1)·u` relative,
+/// against the scalar's f64), then `r = 1/√(Σ/d + eps)` exactly as the scalar computes
+/// it from that sum (in f64, rounded once), and `out = (x·r)·w` with the scalar's two
+/// rounded products.
+pub(crate) fn rms_norm<K: Kernel>(k: K, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let sum_sq = f64::from(k.sum_squares(xr));
+        let r = (1.0 / (sum_sq / d as f64 + f64::from(eps)).sqrt()) as f32;
+        k.scale_mul(xr, r, weight, or);
+    }
+}

@@ -1,0 +1,79 @@
+//! x86_64 kernels: AVX2 + FMA, with F16C for `F16` weights.
+//!
+//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
+//!   bytes directly.
+//!
+//! Every kernel is a safe `#[target_feature(enable = "avx2,fma,f16c")]` function; the
+//! only `unsafe` outside the unaligned loads and stores is the call into that code from
+//! [`Avx2`]'s trait methods, justified by the detection that created the token.
+
+mod dot;
+mod quant;
+
+use crate::kernel::Kernel;
+use kvcore::backend::{DType, Weights};
+
+/// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] creates one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2 {
+    _detected: (),
+}
+
+impl Avx2 {
+    /// `Some` when the CPU has AVX2, FMA and F16C (run-time detection).
+    pub(crate) fn detect() -> Option<Avx2> {
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        ok.then_some(Avx2 { _detected: () })
+    }
+}
+
+// SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, and an `Avx2`
+// value exists only after `Avx2::detect` found all three at run time. The callees check
+// their slice lengths themselves.
+impl Kernel for Avx2 {
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { quant::gemv(w, x, block_sums, y) }
+    }
+
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { quant::dequantize(dtype, bytes, out) }
+    }
+
+    fn scores(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        kv_dim: usize,
+        col: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::scores(q, keys, kv_dim, col, scale, scores) }
+    }
+
+    fn weighted_sum(self, p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::weighted_sum(p, values, kv_dim, col, out) }
+    }
+
+    fn sum_squares(self, x: &[f32]) -> f32 {
+        // SAFETY: features detected (see above).
+        unsafe { dot::dot(x, x) }
+    }
+
+    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::scale_mul(x, r, w, out) }
+    }
+
+    fn add(self, acc: &mut [f32], x: &[f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::add(acc, x) }
+    }
+}

@@ -1,0 +1,305 @@
+//! AVX2 GEMV and decoding on the stored bytes of every weight format.
+//!
+//! Decoding (shared by the GEMV and by `dequantize`): each 32-weight block becomes four
+//! 8-lane f32 vectors holding weights `0..8, 8..16, 16..24, 24..32`.
+//! - `Q4_*`: the 16 packed bytes are split into low nibbles (weights `0..16`) and high
+//!   nibbles (`16..32`) with a mask and a 16-bit shift, `Q4_0`'s offset 8 is subtracted
+//!   in 8-bit integers (exact), and 8 bytes at a time are sign-extended to i32 and
+//!   converted to f32 (exact: `|q| ≤ 15`).
+//! - `Q8_0`: 8 bytes at a time sign-extended and converted.
+//! - `F16`: F16C `vcvtph2ps`; `BF16`: zero-extended to 32 bits and shifted left by 16;
+//!   `F32`: an unaligned load. All exact.
+//!
+//! GEMV numerics, per row: for block `b` with scale `d`, the 32 products `q_j·x_j` are
+//! summed in an 8-lane vector (two chains, one multiply and one FMA each, then an add),
+//! and `acc_{b mod 2} ← d·t + acc_{b mod 2}` (FMA; two accumulators so consecutive
+//! blocks do not wait on each other). At the end the two accumulators and the 8 lanes are
+//! summed. `Q4_1` uses `Σ_j (d·q_j + m)·x_j = d·Σ_j q_j x_j + m·Σ_j x_j` with the
+//! per-block `Σ x_j` precomputed once per call, adding `m·Σx` in a scalar accumulator.
+//! Compared with the scalar reference (decode each weight, then a left-to-right f32
+//! sum) only the rounding differs: the order of the sum, the fused multiply-adds, and
+//! for `Q4_1` the factored form, whose error is bounded by `u` times
+//! `Σ_j (|d·q_j| + |m|)·|x_j|`. The plain formats use `dot.rs`'s order (four
+//! 8-lane accumulators).
+//!
+//! `dequantize` computes `d·q` (then `+ m` for `Q4_1`) with separately rounded
+//! multiplies and adds, bit for bit as the scalar decoder.
+
+use super::dot::{hsum, load, store};
+use half::f16;
+use kvcore::backend::{DType, QK, Weights};
+use std::arch::x86_64::*;
+
+/// Plain-format codes for the const-generic decoders.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+
+/// The little-endian f16 at `b[at..at + 2]`, widened (a block scale or offset).
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Bytes per element of plain format `FMT`.
+const fn width<const FMT: u8>() -> usize {
+    if FMT == F32 { 4 } else { 2 }
+}
+
+/// Eight weights of plain format `FMT` from `b[0 .. 8·width]`, widened to f32.
+///
+/// # Panics
+/// If `b` is shorter than 8 elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen8<const FMT: u8>(b: &[u8]) -> __m256 {
+    assert!(b.len() >= 8 * width::<FMT>());
+    if FMT == F32 {
+        // SAFETY: 32 bytes in bounds (asserted); `loadu` has no alignment requirement.
+        return unsafe { _mm256_loadu_ps(b.as_ptr().cast()) };
+    }
+    // SAFETY: 16 bytes in bounds (asserted); `loadu` has no alignment requirement.
+    let h = unsafe { _mm_loadu_si128(b.as_ptr().cast()) };
+    if FMT == F16 {
+        _mm256_cvtph_ps(h)
+    } else {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+/// One weight of plain format `FMT` from `b[0..width]`, widened to f32.
+fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
+    match FMT {
+        F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        F16 => f16_at(b, 0),
+        _ => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+    }
+}
+
+/// The low 8 bytes of `v` as signed integers, converted to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn i8x8_to_f32(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+/// The 32 nibbles of a `Q4_*` block (`qs[0..16]`) minus `OFFSET`, as four f32 vectors.
+///
+/// # Panics
+/// If `qs.len() < 16`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q4_lanes<const OFFSET: i8>(qs: &[u8]) -> [__m256; 4] {
+    assert!(qs.len() >= 16);
+    // SAFETY: 16 bytes in bounds (asserted); `loadu` has no alignment requirement.
+    let v = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+    let mask = _mm_set1_epi8(15);
+    let off = _mm_set1_epi8(OFFSET);
+    let lo = _mm_sub_epi8(_mm_and_si128(v, mask), off);
+    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), off);
+    [
+        i8x8_to_f32(lo),
+        i8x8_to_f32(_mm_srli_si128::<8>(lo)),
+        i8x8_to_f32(hi),
+        i8x8_to_f32(_mm_srli_si128::<8>(hi)),
+    ]
+}
+
+/// The 32 signed bytes of a `Q8_0` block (`qs[0..32]`) as four f32 vectors.
+///
+/// # Panics
+/// If `qs.len() < 32`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q8_lanes(qs: &[u8]) -> [__m256; 4] {
+    assert!(qs.len() >= 32);
+    // SAFETY: bytes 0..32 are in bounds (asserted); `loadu` has no alignment requirement.
+    let (a, b) = unsafe {
+        (
+            _mm_loadu_si128(qs.as_ptr().cast()),
+            _mm_loadu_si128(qs.as_ptr().add(16).cast()),
+        )
+    };
+    [
+        i8x8_to_f32(a),
+        i8x8_to_f32(_mm_srli_si128::<8>(a)),
+        i8x8_to_f32(b),
+        i8x8_to_f32(_mm_srli_si128::<8>(b)),
+    ]
+}
+
+/// `Σ_j q_j·x_j` of one block as an 8-lane vector (lanes still to be summed).
+///
+/// # Panics
+/// If `x.len() < 32`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn block_dot(q: [__m256; 4], x: &[f32]) -> __m256 {
+    let p0 = _mm256_mul_ps(q[0], load(&x[0..]));
+    let p1 = _mm256_mul_ps(q[1], load(&x[8..]));
+    let p0 = _mm256_fmadd_ps(q[2], load(&x[16..]), p0);
+    let p1 = _mm256_fmadd_ps(q[3], load(&x[24..]), p1);
+    _mm256_add_ps(p0, p1)
+}
+
+/// The block format of a row: its decoded lanes, scale and (`Q4_1`) offset.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl Block {
+    /// Decode one stored block into `(lanes, d, m)`; `m = 0` except for `Q4_1`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn decode(self, b: &[u8]) -> ([__m256; 4], f32, f32) {
+        match self {
+            Block::Q8_0 => (q8_lanes(&b[2..]), f16_at(b, 0), 0.0),
+            Block::Q4_0 => (q4_lanes::<8>(&b[2..]), f16_at(b, 0), 0.0),
+            Block::Q4_1 => (q4_lanes::<0>(&b[4..]), f16_at(b, 0), f16_at(b, 2)),
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Block::Q8_0 => 34,
+            Block::Q4_0 => 18,
+            Block::Q4_1 => 20,
+        }
+    }
+}
+
+/// `Σ_j w_j x_j` for one row of block format `fmt` (see the module docs).
+///
+/// # Panics
+/// If `row` is not `x.len() / 32` blocks or (`Q4_1`) `sums` is shorter than that.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    assert_eq!(row.len(), x.len() / QK * fmt.bytes());
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut offsets = 0.0f32;
+    let blocks = row.chunks_exact(fmt.bytes()).zip(x.chunks_exact(QK));
+    for (i, (b, xb)) in blocks.enumerate() {
+        let (q, d, m) = fmt.decode(b);
+        let t = block_dot(q, xb);
+        acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i & 1]);
+        if fmt == Block::Q4_1 {
+            offsets += m * sums[i];
+        }
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1])) + offsets
+}
+
+/// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.
+///
+/// # Panics
+/// If `row` does not hold `x.len()` elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_plain<const FMT: u8>(row: &[u8], x: &[f32]) -> f32 {
+    let wd = width::<FMT>();
+    assert_eq!(row.len(), x.len() * wd);
+    let n = x.len();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (l, lane) in acc.iter_mut().enumerate() {
+            let j = i + 8 * l;
+            *lane = _mm256_fmadd_ps(widen8::<FMT>(&row[j * wd..]), load(&x[j..]), *lane);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(widen8::<FMT>(&row[i * wd..]), load(&x[i..]), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum(v);
+    for j in i..n {
+        s += widen1::<FMT>(&row[j * wd..]) * x[j];
+    }
+    s
+}
+
+/// `y ← W x`, one row at a time (the per-row format match is loop-invariant).
+///
+/// # Panics
+/// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
+    assert!(x.len() == w.cols() && y.len() == w.rows());
+    let rb = w.row_bytes();
+    if rb == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let dtype = w.dtype();
+    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
+        *yr = match dtype {
+            DType::F32 => dot_plain::<F32>(r, x),
+            DType::F16 => dot_plain::<F16>(r, x),
+            DType::BF16 => dot_plain::<BF16>(r, x),
+            DType::Q8_0 => dot_blocks(Block::Q8_0, r, x, sums),
+            DType::Q4_0 => dot_blocks(Block::Q4_0, r, x, sums),
+            DType::Q4_1 => dot_blocks(Block::Q4_1, r, x, sums),
+        };
+    }
+}
+
+/// Decode plain format `FMT` from `bytes` into `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
+    let wd = width::<FMT>();
+    let mut oc = out.chunks_exact_mut(8);
+    let mut bc = bytes.chunks_exact(8 * wd);
+    for (o, b) in oc.by_ref().zip(bc.by_ref()) {
+        store(o, widen8::<FMT>(b));
+    }
+    for (o, b) in oc
+        .into_remainder()
+        .iter_mut()
+        .zip(bc.remainder().chunks_exact(wd))
+    {
+        *o = widen1::<FMT>(b);
+    }
+}
+
+/// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
+#[target_feature(enable = "avx2,fma")]
+fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
+    for (b, o) in bytes
+        .chunks_exact(fmt.bytes())
+        .zip(out.chunks_exact_mut(QK))
+    {
+        let (q, d, m) = fmt.decode(b);
+        let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+        for (l, lane) in q.into_iter().enumerate() {
+            let w = _mm256_mul_ps(dv, lane);
+            let w = if fmt == Block::Q4_1 {
+                _mm256_add_ps(w, mv)
+            } else {
+                w
+            };
+            store(&mut o[8 * l..], w);
+        }
+    }
+}
+
+/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder.
+///
+/// # Panics
+/// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
+    match dtype {
+        DType::F32 => decode_plain::<F32>(bytes, out),
+        DType::F16 => decode_plain::<F16>(bytes, out),
+        DType::BF16 => decode_plain::<BF16>(bytes, out),
+        DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
+        DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
+        DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
+    }
+}

@@ -1,0 +1,533 @@
+//! Every kernel of every SIMD path this CPU runs, against the scalar reference.
+//!
+//! A `harness = false` test: `main` runs each check on the main thread (no test-harness
+//! threads, no rayon), because creating a thread hangs under the qemu-user that runs the
+//! aarch64 build (`.ci/aarch64.sh`). It prints one line per check and a closing
+//! `simd: N passed, M failed`, and exits non-zero on any failure.
+//!
+//! Paths: `Simd::with_path` for the architecture's SIMD path (AVX2+FMA on x86_64, NEON
+//! on aarch64) and for the scalar path; a path the CPU lacks is reported and skipped.
+//! Inputs: proptest `TestRunner`s with a fixed seed and no persistence, plus
+//! deterministic sweeps over every weight format and the shapes 0, 1, 31, 32, 33, 63,
+//! 64, 65, an odd length, 576 and 1536 (block formats take the multiples of 32 among
+//! them, plus 96, an odd number of blocks).
+//!
+//! Tolerances (`u = 2^-24`, `tiny` = the smallest normal f32, covering gradual
+//! underflow per operation). Each backend's result is within a worst-case bound `B` of
+//! the exact value, so the two are within `2·B` of each other:
+//! - GEMV/GEMM output `Σ_j w_j x_j` over `n` terms, any summation order, with or without
+//!   FMA: `B = (n + 2)·(u·Σ_j mag_j·|x_j| + tiny)`, `γ_n ≤ n·u` for the sum and `+ 2` for
+//!   the product and the block-scale multiply; `mag_j = |w_j|`, except for `Q4_1`, where
+//!   the SIMD kernel factors `d·Σ q x + m·Σ x` and `mag_j = |d·q_j| + |m|` (the decoded
+//!   weight's own rounding, `≤ 2u·mag_j`, is inside the same `+ 2`).
+//! - attention: each score `s_t = scale·q·k_t` is within
+//!   `E_t = (head_dim + 3)·u·scale·Σ_j|q_j k_tj|` of exact, so the two backends' scores
+//!   differ by `δ ≤ 2·max_t E_t`, which moves each softmax weight by a factor within
+//!   `e^(±2δ)`; both run the same softmax code (`exp` within a few ulps, a sum of
+//!   `n_keys` terms, one division: `(n_keys + 8)·u` relative each) and then a weighted sum
+//!   of `n_keys` rows (`(n_keys + 1)·u` each). Output `j` allows
+//!   `(4.5·δ + 2·(2·n_keys + 9)·u)·Σ_t p_t·|v_tj| + 2·(n_keys + 2)·tiny`.
+//! - RMSNorm: an f32 sum of `d` squares (`(d + 1)·u` relative) against the scalar's f64,
+//!   halved by the square root, plus the reciprocal and two products:
+//!   `2·((d + 3)/2 + 9)·u·|out|`.
+//! - add, SwiGLU, softmax, embedding rows: bit for bit (correctly rounded, or the same
+//!   code).
+
+use kvcore::backend::{Backend, DType, QK, ShapeError, Weights};
+use kvcore_scalar::Scalar;
+use kvcore_scalar::quant::quantize_row;
+use kvcore_simd::{Simd, SimdPath};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use std::process::ExitCode;
+
+/// f32 unit roundoff.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// Absolute error allowed per operation for gradual underflow.
+const TINY: f64 = f32::MIN_POSITIVE as f64;
+/// Proptest cases per randomised check.
+const CASES: u32 = 48;
+/// The reference.
+const REF: Scalar = Scalar::new();
+
+/// Reduction lengths of the plain formats (and the source of the block-format ones).
+const LENGTHS: [usize; 12] = [0, 1, 31, 32, 33, 63, 64, 65, 96, 97, 576, 1536];
+/// Weight rows of the randomised GEMV/GEMM cases.
+const ROWS: [usize; 6] = [0, 1, 3, 17, 64, 65];
+/// Tokens of the randomised GEMM cases.
+const TOKENS: [usize; 5] = [0, 1, 2, 7, 33];
+
+/// The reduction lengths valid for `dtype`.
+fn lengths(dtype: DType) -> Vec<usize> {
+    LENGTHS
+        .into_iter()
+        .filter(|c| c.is_multiple_of(dtype.block_len()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------------------
+
+/// Deterministic values from a seed (splitmix64), each `uniform(−1, 1)·2^k` with a
+/// per-call scale exponent `k ∈ −4..=4`.
+struct Values(u64);
+
+impl Values {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        let scale = 2f32.powi((self.next_u64() % 9) as i32 - 4);
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+}
+
+/// A stored weight matrix `[rows, cols]` of `dtype`, quantised from random values with
+/// the reference quantiser. `offset` bytes of padding precede the data (an `F32` view
+/// at offset 1 is misaligned, exercising the GEMM panel path).
+struct Matrix {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    offset: usize,
+    bytes: Vec<u8>,
+}
+
+impl Matrix {
+    fn new(dtype: DType, rows: usize, cols: usize, offset: usize, v: &mut Values) -> Matrix {
+        let mut bytes = vec![0u8; offset];
+        for _ in 0..rows {
+            bytes.extend(quantize_row(dtype, &v.vec(cols)));
+        }
+        Matrix {
+            dtype,
+            rows,
+            cols,
+            offset,
+            bytes,
+        }
+    }
+
+    fn weights(&self) -> Weights<'_> {
+        Weights::new(self.dtype, self.rows, self.cols, &self.bytes[self.offset..])
+            .expect("test matrix shape")
+    }
+
+    /// Per weight of row `r`: the magnitude entering the error bound (module docs).
+    fn magnitudes(&self, r: usize) -> Vec<f64> {
+        let w = self.weights();
+        let mut row = vec![0.0f32; self.cols];
+        kvcore_scalar::quant::dequantize_row(&w, r, &mut row);
+        if self.dtype != DType::Q4_1 {
+            return row.iter().map(|&v| f64::from(v).abs()).collect();
+        }
+        let f16_at = |b: &[u8], at| f64::from(half::f16::from_le_bytes([b[at], b[at + 1]]));
+        let mut mags = Vec::with_capacity(self.cols);
+        for block in w.row(r).chunks_exact(20) {
+            let (d, m) = (f16_at(block, 0), f16_at(block, 2));
+            let nibbles = block[4..].iter().map(|q| q & 15).chain(block[4..].iter().map(|q| q >> 4));
+            mags.extend(nibbles.map(|q| (d * f64::from(q)).abs() + m.abs()));
+        }
+        debug_assert_eq!(mags.len(), QK * (self.cols / QK));
+        mags
+    }
+
+    /// The allowed difference of output `(t, r)` for activations `x: [cols]`.
+    fn tolerance(&self, r: usize, x: &[f32]) -> f64 {
+        let s: f64 = self
+            .magnitudes(r)
+            .iter()
+            .zip(x)
+            .map(|(m, &v)| m * f64::from(v).abs())
+            .sum();
+        2.0 * (self.cols as f64 + 2.0) * (U * s + TINY)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Comparisons
+// ---------------------------------------------------------------------------------------
+
+/// Fails unless `|got_i − want_i| ≤ tol(i)` for every `i` (NaN fails).
+fn close(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    tol: impl Fn(usize) -> f64,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(got.len(), want.len(), "{}: lengths", what);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (err, t) = ((f64::from(g) - f64::from(w)).abs(), tol(i));
+        // `!(err <= t)` also rejects NaN.
+        if !(err <= t) {
+            return Err(TestCaseError::fail(format!(
+                "{what}[{i}]: got {g:e}, want {w:e}: |diff| {err:e} > tolerance {t:e}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless `got` and `want` are bit for bit equal.
+fn exact(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    prop_assert_eq!(bits(got), bits(want), "{}", what);
+    Ok(())
+}
+
+/// Both backends return the same `Result`; on `Ok`, the outputs go to `compare`.
+fn same_result(
+    what: &str,
+    got: Result<(), ShapeError>,
+    want: Result<(), ShapeError>,
+) -> Result<bool, TestCaseError> {
+    prop_assert_eq!(&got, &want, "{}: results", what);
+    Ok(got.is_ok())
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks, one per kernel
+// ---------------------------------------------------------------------------------------
+
+/// GEMV `y ← W x` on one matrix.
+fn check_gemv(s: &Simd, m: &Matrix, v: &mut Values) -> Result<(), TestCaseError> {
+    let x = v.vec(m.cols);
+    let (mut got, mut want) = (vec![f32::NAN; m.rows], vec![f32::NAN; m.rows]);
+    let what = format!("gemv {} [{}, {}]", m.dtype, m.rows, m.cols);
+    if same_result(
+        &what,
+        s.gemv(&m.weights(), &x, &mut got),
+        REF.gemv(&m.weights(), &x, &mut want),
+    )? {
+        close(&what, &got, &want, |r| m.tolerance(r, &x))?;
+    }
+    Ok(())
+}
+
+/// GEMM `Y ← X Wᵀ` for `n` tokens on one matrix.
+fn check_gemm(s: &Simd, m: &Matrix, n: usize, v: &mut Values) -> Result<(), TestCaseError> {
+    let x = v.vec(n * m.cols);
+    let len = n * m.rows;
+    let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+    let what = format!("gemm {} [{}, {}] n {n}", m.dtype, m.rows, m.cols);
+    if same_result(
+        &what,
+        s.gemm(&m.weights(), &x, &mut got),
+        REF.gemm(&m.weights(), &x, &mut want),
+    )? {
+        close(&what, &got, &want, |i| {
+            let (t, r) = (i / m.rows, i % m.rows);
+            m.tolerance(r, &x[t * m.cols..(t + 1) * m.cols])
+        })?;
+    }
+    Ok(())
+}
+
+/// One attention head: `hd` elements, `n_keys` rows of `n_kv` heads, reading `kv_head`.
+fn check_attend_head(
+    s: &Simd,
+    hd: usize,
+    n_keys: usize,
+    n_kv: usize,
+    kv_head: usize,
+    v: &mut Values,
+) -> Result<(), TestCaseError> {
+    let kv_dim = hd * n_kv;
+    let q = v.vec(hd);
+    let keys = v.vec(n_keys * kv_dim);
+    let values = v.vec(n_keys * kv_dim);
+    let scale = 1.0 / (hd.max(1) as f32).sqrt();
+    let (mut got, mut want) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
+    let what = format!("attend_head hd {hd} n_keys {n_keys} kv_dim {kv_dim} head {kv_head}");
+    let run = |b: &dyn Backend, out: &mut [f32]| {
+        b.attend_head(&q, &keys, &values, n_keys, kv_dim, kv_head, scale, out)
+    };
+    if !same_result(&what, run(s, &mut got), run(&REF, &mut want))? {
+        return Ok(());
+    }
+    // Exact scores, their error bounds, and the softmax weights, in f64.
+    let col = kv_head * hd;
+    let row = |m: &[f32], t: usize| m[t * kv_dim + col..t * kv_dim + col + hd].to_vec();
+    let (mut scores, mut max_e) = (Vec::with_capacity(n_keys), 0.0f64);
+    for t in 0..n_keys {
+        let k = row(&keys, t);
+        let (dot, abs) = q.iter().zip(&k).fold((0.0, 0.0), |(d, a), (&qj, &kj)| {
+            let p = f64::from(qj) * f64::from(kj);
+            (d + p, a + p.abs())
+        });
+        scores.push(f64::from(scale) * dot);
+        max_e = max_e.max((hd as f64 + 3.0) * U * f64::from(scale) * abs);
+    }
+    let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+    let total: f64 = e.iter().sum();
+    let delta = 2.0 * max_e;
+    let rel = 4.5 * delta + 2.0 * (2.0 * n_keys as f64 + 9.0) * U;
+    close(&what, &got, &want, |j| {
+        let weighted: f64 = (0..n_keys)
+            .map(|t| e[t] / total * f64::from(values[t * kv_dim + col + j]).abs())
+            .sum();
+        rel * weighted + 2.0 * (n_keys as f64 + 2.0) * TINY
+    })
+}
+
+/// RMSNorm of `n` rows of `d`.
+fn check_rms_norm(s: &Simd, n: usize, d: usize, v: &mut Values) -> Result<(), TestCaseError> {
+    let x = v.vec(n * d);
+    let w = v.vec(d);
+    let eps = 1e-5;
+    let (mut got, mut want) = (vec![f32::NAN; n * d], vec![f32::NAN; n * d]);
+    let what = format!("rms_norm [{n}, {d}]");
+    if same_result(
+        &what,
+        s.rms_norm(&x, &w, eps, &mut got),
+        REF.rms_norm(&x, &w, eps, &mut want),
+    )? {
+        let rel = 2.0 * ((d as f64 + 3.0) / 2.0 + 9.0) * U;
+        close(&what, &got, &want, |i| rel * f64::from(want[i]).abs() + TINY)?;
+    }
+    Ok(())
+}
+
+/// The element-wise kernels and embedding rows, bit for bit, at length `len`.
+fn check_exact_ops(s: &Simd, len: usize, v: &mut Values) -> Result<(), TestCaseError> {
+    let (a, b) = (v.vec(len), v.vec(len));
+    let (mut got, mut want) = (a.clone(), a.clone());
+    let what = format!("add [{len}]");
+    if same_result(&what, s.add(&mut got, &b), REF.add(&mut want, &b))? {
+        exact(&what, &got, &want)?;
+    }
+    // Wide gates reach both tails of silu (e^(−g) overflowing and underflowing).
+    let gate: Vec<f32> = a.iter().map(|g| g * 100.0).collect();
+    let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+    let what = format!("swiglu [{len}]");
+    if same_result(
+        &what,
+        s.swiglu(&gate, &b, &mut got),
+        REF.swiglu(&gate, &b, &mut want),
+    )? {
+        exact(&what, &got, &want)?;
+    }
+    let (mut got, mut want) = (gate.clone(), gate);
+    s.softmax(&mut got);
+    REF.softmax(&mut want);
+    exact(&format!("softmax [{len}]"), &got, &want)?;
+    for dtype in DType::ALL {
+        if !len.is_multiple_of(dtype.block_len()) || len == 0 {
+            continue;
+        }
+        let m = Matrix::new(dtype, 3, len, 0, v);
+        let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+        for row in 0..4 {
+            let what = format!("embed_row {dtype} [3, {len}] row {row}");
+            let (g, w) = (
+                s.embed_row(&m.weights(), row, &mut got),
+                REF.embed_row(&m.weights(), row, &mut want),
+            );
+            if same_result(&what, g, w)? {
+                exact(&what, &got, &want)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mismatched shapes: the same `ShapeError` as the reference.
+fn check_shape_errors(s: &Simd) -> Result<(), TestCaseError> {
+    let w = Weights::from_f32(2, 3, &[0.0; 6]).expect("shape");
+    let (mut y, mut y2) = ([0.0f32; 2], [0.0f32; 2]);
+    same_result(
+        "gemv short x",
+        s.gemv(&w, &[1.0; 2], &mut y),
+        REF.gemv(&w, &[1.0; 2], &mut y2),
+    )?;
+    same_result(
+        "gemm ragged x",
+        s.gemm(&w, &[1.0; 4], &mut y),
+        REF.gemm(&w, &[1.0; 4], &mut y2),
+    )?;
+    let mut out = [0.0f32; 4];
+    let mut out2 = [0.0f32; 4];
+    same_result(
+        "attend_head head out of range",
+        s.attend_head(&[1.0; 4], &[1.0; 8], &[1.0; 8], 2, 4, 1, 1.0, &mut out),
+        REF.attend_head(&[1.0; 4], &[1.0; 8], &[1.0; 8], 2, 4, 1, 1.0, &mut out2),
+    )?;
+    same_result(
+        "rms_norm ragged x",
+        s.rms_norm(&[1.0; 5], &[1.0; 2], 1e-5, &mut [0.0; 5]),
+        REF.rms_norm(&[1.0; 5], &[1.0; 2], 1e-5, &mut [0.0; 5]),
+    )?;
+    same_result(
+        "add lengths",
+        s.add(&mut [0.0; 3], &[1.0; 2]),
+        REF.add(&mut [0.0; 3], &[1.0; 2]),
+    )?;
+    prop_assert_eq!(&out, &out2, "outputs untouched on error");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Runner
+// ---------------------------------------------------------------------------------------
+
+/// Pass and fail counts, one line printed per check.
+#[derive(Default)]
+struct Report {
+    passed: usize,
+    failed: usize,
+}
+
+impl Report {
+    fn record(&mut self, name: &str, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.passed += 1;
+                println!("ok     {name}");
+            }
+            Err(e) => {
+                self.failed += 1;
+                println!("FAILED {name}: {e}");
+            }
+        }
+    }
+
+    /// A proptest check: `CASES` cases of `strategy`, fixed seed, no persistence, on
+    /// this thread.
+    fn prop<S: Strategy>(
+        &mut self,
+        name: &str,
+        strategy: S,
+        test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+    ) {
+        let config = Config {
+            cases: CASES,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+        let mut runner = TestRunner::new_with_rng(config, rng);
+        let result = runner.run(&strategy, test).map_err(|e| e.to_string());
+        self.record(name, result);
+    }
+
+    /// A deterministic check.
+    fn fixed(&mut self, name: &str, test: impl FnOnce() -> Result<(), TestCaseError>) {
+        self.record(name, test().map_err(|e| e.to_string()));
+    }
+}
+
+/// Every check on one backend instance.
+fn check_path(report: &mut Report, s: &Simd) {
+    let p = s.path().name();
+    let dtype = (0..DType::ALL.len()).prop_map(|i| DType::ALL[i]);
+    let shape = (dtype, any::<prop::sample::Index>(), 0..ROWS.len(), any::<u64>());
+
+    report.prop(&format!("{p}: gemv, random shapes"), shape.clone(), |(dt, c, r, seed)| {
+        let mut v = Values(seed);
+        let cols = c.get(&lengths(dt)).to_owned();
+        let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
+        check_gemv(s, &m, &mut v)
+    });
+    report.prop(
+        &format!("{p}: gemm, random shapes"),
+        (shape, 0..TOKENS.len()),
+        |((dt, c, r, seed), n)| {
+            let mut v = Values(seed);
+            let cols = c.get(&lengths(dt)).to_owned();
+            let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
+            check_gemm(s, &m, TOKENS[n], &mut v)
+        },
+    );
+    for dt in DType::ALL {
+        report.fixed(&format!("{p}: gemv/gemm {dt}, every length"), || {
+            let mut v = Values(dt.ggml_type().into());
+            for cols in lengths(dt) {
+                let m = Matrix::new(dt, 5, cols, 0, &mut v);
+                check_gemv(s, &m, &mut v)?;
+                check_gemm(s, &m, 3, &mut v)?;
+            }
+            Ok(())
+        });
+        report.fixed(&format!("{p}: gemv/gemm {dt}, SmolLM2 shapes"), || {
+            let mut v = Values(100 + u64::from(dt.ggml_type()));
+            for (rows, cols) in [(576, 576), (1536, 576), (576, 1536)] {
+                let m = Matrix::new(dt, rows, cols, 0, &mut v);
+                check_gemv(s, &m, &mut v)?;
+                check_gemm(s, &m, 5, &mut v)?;
+            }
+            Ok(())
+        });
+    }
+    let heads = (
+        prop::sample::select(vec![1usize, 2, 31, 32, 33, 63, 64, 65]),
+        prop::sample::select(vec![0usize, 1, 2, 31, 32, 33, 64, 65, 200]),
+        1usize..=3,
+        any::<u64>(),
+    );
+    report.prop(&format!("{p}: attend_head"), heads, |(hd, n_keys, n_kv, seed)| {
+        let mut v = Values(seed);
+        let kv_head = (seed % n_kv as u64) as usize;
+        check_attend_head(s, hd, n_keys, n_kv, kv_head, &mut v)
+    });
+    report.fixed(&format!("{p}: attend_head, SmolLM2 head (64) at 576 keys"), || {
+        check_attend_head(s, 64, 576, 3, 2, &mut Values(9))
+    });
+    let norms = (1usize..4, prop::sample::select(LENGTHS[1..].to_vec()), any::<u64>());
+    report.prop(&format!("{p}: rms_norm"), norms, |(n, d, seed)| {
+        check_rms_norm(s, n, d, &mut Values(seed))
+    });
+    report.fixed(&format!("{p}: add, swiglu, softmax, embed_row, every length"), || {
+        let mut v = Values(11);
+        LENGTHS.into_iter().try_for_each(|len| check_exact_ops(s, len, &mut v))
+    });
+    report.fixed(&format!("{p}: shape errors"), || check_shape_errors(s));
+}
+
+fn main() -> ExitCode {
+    let mut report = Report::default();
+    let simd_path = if cfg!(target_arch = "aarch64") {
+        SimdPath::Neon
+    } else {
+        SimdPath::Avx2Fma
+    };
+    println!(
+        "arch {}, Simd::new() path {:?} (KVCORE_SIMD={:?})",
+        std::env::consts::ARCH,
+        Simd::new().path(),
+        std::env::var("KVCORE_SIMD").ok()
+    );
+    report.fixed("KVCORE_SIMD selects the path", || {
+        let expected = match std::env::var("KVCORE_SIMD").ok().as_deref().map(str::trim) {
+            Some(name) => SimdPath::from_name(name).map_or(Simd::best(), Simd::with_path),
+            None => Simd::best(),
+        };
+        prop_assert_eq!(Simd::new().path(), expected.path());
+        Ok(())
+    });
+    for path in [simd_path, SimdPath::Scalar] {
+        let s = Simd::with_path(path);
+        if s.path() != path {
+            println!("skip   {}: this CPU does not run it", path.name());
+            continue;
+        }
+        println!("--- path {:?}", s.path());
+        check_path(&mut report, &s);
+    }
+    println!("simd: {} passed, {} failed", report.passed, report.failed);
+    if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,216 @@
+//! `kvcore bench`: prompt-processing and token-generation throughput, in the spirit of
+//! llama-bench.
+//!
+//! For every (backend, threads) pair and every test — `pp N` (one batched forward pass of
+//! N prompt tokens) and `tg N` (N one-token decode steps from an empty cache) — it runs a
+//! warm-up and then `reps` timed repetitions, each on a fresh KV store, and reports the
+//! median and the spread (min–max) in tokens per second. Token ids are a fixed
+//! pseudo-random sequence, as llama-bench uses random tokens.
+
+use crate::backends::{self, BackendChoice, Job, KvChoice};
+use anyhow::bail;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvcore::gguf::GgufFile;
+use kvcore::model::generate::peak_rss_bytes;
+use kvcore::model::{Llama, Logits};
+use kvcore::{Backend, DenseKv, GrowKv, KvStore};
+use std::time::Instant;
+
+/// One measured test.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchRow {
+    pub backend: String,
+    pub threads: usize,
+    pub kv: String,
+    /// `"pp64"`, `"tg128"`, ...
+    pub test: String,
+    pub tokens: usize,
+    /// Tokens per second of each repetition, in run order.
+    pub tok_s: Vec<f64>,
+    pub median_tok_s: f64,
+    pub min_tok_s: f64,
+    pub max_tok_s: f64,
+    /// `KvStore::bytes()` after the last repetition.
+    pub kv_bytes: usize,
+    /// Peak RSS of the process after this test.
+    pub peak_rss_bytes: u64,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub prompt_sizes: Vec<usize>,
+    pub gen_sizes: Vec<usize>,
+    pub reps: usize,
+    pub kv: KvChoice,
+    pub ctx: usize,
+}
+
+fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+struct BenchJob<'a> {
+    file: GgufFile,
+    plan: &'a Plan,
+    bar: &'a ProgressBar,
+}
+
+impl Job for BenchJob<'_> {
+    type Output = Vec<BenchRow>;
+    fn run<B: Backend>(self, b: B) -> anyhow::Result<Vec<BenchRow>> {
+        let model = Llama::load(self.file, b)?;
+        let c = model.config();
+        let ctx = self.plan.ctx.min(c.context_len);
+        let mut rows = Vec::new();
+        let tests = self
+            .plan
+            .prompt_sizes
+            .iter()
+            .map(|&n| (true, n))
+            .chain(self.plan.gen_sizes.iter().map(|&n| (false, n)));
+        for (prefill, n) in tests {
+            if n == 0 || n > ctx {
+                bail!("test size {n} must be between 1 and the context ({ctx})");
+            }
+            let ids = tokens(n, c.vocab_size);
+            let mut tok_s = Vec::new();
+            let mut kv_bytes = 0;
+            // One warm-up repetition, then the timed ones.
+            for rep in 0..=self.plan.reps {
+                let (secs, bytes) = match self.plan.kv {
+                    KvChoice::Grow => {
+                        let kv = GrowKv::new(c.n_layers, c.kv_dim(), ctx)?;
+                        time_once(&model, kv, &ids, prefill)?
+                    }
+                    KvChoice::Dense => {
+                        let kv = DenseKv::new(c.n_layers, c.kv_dim(), ctx)?;
+                        time_once(&model, kv, &ids, prefill)?
+                    }
+                };
+                if rep > 0 {
+                    tok_s.push(n as f64 / secs);
+                }
+                kv_bytes = bytes;
+                self.bar.inc(1);
+            }
+            rows.push(BenchRow {
+                backend: model.backend().name().to_string(),
+                threads: model.backend().threads(),
+                kv: self.plan.kv.to_string(),
+                test: format!("{}{n}", if prefill { "pp" } else { "tg" }),
+                tokens: n,
+                median_tok_s: median(&tok_s),
+                min_tok_s: tok_s.iter().copied().fold(f64::INFINITY, f64::min),
+                max_tok_s: tok_s.iter().copied().fold(0.0, f64::max),
+                tok_s,
+                kv_bytes,
+                peak_rss_bytes: peak_rss_bytes(),
+            });
+        }
+        Ok(rows)
+    }
+}
+
+/// Seconds for one prefill of `ids` or one decode run over `ids`, and the KV bytes after.
+fn time_once<B: Backend, K: KvStore>(
+    model: &Llama<B>,
+    mut kv: K,
+    ids: &[u32],
+    prefill: bool,
+) -> anyhow::Result<(f64, usize)> {
+    let t = Instant::now();
+    if prefill {
+        model.forward(&mut kv, ids, Logits::Last)?;
+    } else {
+        for &id in ids {
+            model.forward(&mut kv, &[id], Logits::Last)?;
+        }
+    }
+    Ok((t.elapsed().as_secs_f64(), kv.bytes()))
+}
+
+/// Runs the plan for every backend and thread count.
+pub fn run(
+    path: &std::path::Path,
+    backends_list: &[BackendChoice],
+    threads_list: &[usize],
+    plan: &Plan,
+) -> anyhow::Result<Vec<BenchRow>> {
+    let mut combos = Vec::new();
+    for &b in backends_list {
+        for &t in threads_list {
+            if t == 0 {
+                bail!("--threads must be at least 1");
+            }
+            // Only rayon uses more than one thread; measure the others once.
+            let t = if b == BackendChoice::Rayon { t } else { 1 };
+            if !combos.contains(&(b, t)) {
+                combos.push((b, t));
+            }
+        }
+    }
+    let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len()) * (plan.reps + 1);
+    let bar = ProgressBar::new((combos.len() * per_combo) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    let mut rows = Vec::new();
+    for (b, t) in combos {
+        bar.set_message(format!("{b} x{t}"));
+        let file = GgufFile::open(path)?;
+        rows.extend(backends::dispatch(
+            b,
+            t,
+            BenchJob {
+                file,
+                plan,
+                bar: &bar,
+            },
+        )?);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+/// The rows as a markdown table.
+pub fn markdown(rows: &[BenchRow]) -> String {
+    let mut s = String::from(
+        "| backend | threads | kv | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
+            r.backend,
+            r.threads,
+            r.kv,
+            r.test,
+            r.median_tok_s,
+            r.min_tok_s,
+            r.max_tok_s,
+            r.kv_bytes as f64 / 1048576.0,
+            r.peak_rss_bytes as f64 / 1048576.0
+        );
+    }
+    s
+}

@@ -1,0 +1,135 @@
+//! [`GgufError`]: every way reading a GGUF file or looking up its contents can fail.
+//!
+//! Parse errors carry the absolute byte offset (`at`) of the field that is wrong, so a
+//! hex dump of the file shows the problem directly; tensor errors name the tensor.
+
+use crate::backend::{DType, ShapeError};
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why a GGUF file could not be read, or a metadata or tensor lookup failed.
+#[derive(Debug, Error)]
+pub enum GgufError {
+    /// The file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The path exists but is not a regular file (a directory, a device, ...).
+    #[error("{0} is not a regular file")]
+    NotAFile(PathBuf),
+    /// The first four bytes are not `GGUF`.
+    #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\"")]
+    BadMagic { found: [u8; 4] },
+    /// A version other than 2 or 3.
+    #[error("unsupported GGUF version {0} (kvcore reads versions 2 and 3)")]
+    UnsupportedVersion(u32),
+    /// The file ends inside a field.
+    #[error("file truncated at byte {at}: {what} needs {need} bytes, {have} remain")]
+    Truncated {
+        at: u64,
+        need: u64,
+        have: u64,
+        what: &'static str,
+    },
+    /// A string's declared length runs past the end of the file.
+    #[error("string at byte {at} declares {len} bytes, only {remaining} remain")]
+    StringTooLong { at: u64, len: u64, remaining: u64 },
+    /// A string is not valid UTF-8.
+    #[error("string at byte {at} is not valid UTF-8")]
+    InvalidUtf8 { at: u64 },
+    /// A count (metadata entries, tensors, array elements) needs more bytes than remain,
+    /// checked before anything is allocated for it.
+    #[error(
+        "{what} count {count} at byte {at} needs at least {min_bytes} bytes, only {remaining} remain"
+    )]
+    CountTooLarge {
+        at: u64,
+        what: &'static str,
+        count: u64,
+        min_bytes: u128,
+        remaining: u64,
+    },
+    /// A metadata value type id outside 0..=12.
+    #[error("unknown metadata value type {type_id} at byte {at}")]
+    UnknownValueType { at: u64, type_id: u32 },
+    /// A bool stored as a byte other than 0 or 1.
+    #[error("invalid bool byte {byte:#04x} at byte {at}")]
+    InvalidBool { at: u64, byte: u8 },
+    /// Arrays nested deeper than [`MAX_ARRAY_DEPTH`](super::MAX_ARRAY_DEPTH).
+    #[error("array at byte {at} is nested deeper than {max} levels")]
+    ArrayTooDeep { at: u64, max: usize },
+    /// The same metadata key twice.
+    #[error("duplicate metadata key {0:?}")]
+    DuplicateKey(String),
+    /// `general.alignment` is zero, not a power of two, or does not fit `usize`.
+    #[error("general.alignment is {0}, expected a non-zero power of two")]
+    BadAlignment(u64),
+    /// A tensor with more than four dimensions.
+    #[error("tensor {tensor:?} has {n_dims} dimensions, at most 4 are allowed")]
+    TooManyDims { tensor: String, n_dims: u32 },
+    /// A tensor type id that is not a ggml type at all.
+    #[error("tensor {tensor:?} has unknown ggml type id {type_id}")]
+    UnknownTensorType { tensor: String, type_id: u32 },
+    /// A real ggml type that kvcore does not implement.
+    #[error(
+        "tensor {tensor:?} has ggml type {type_name} (id {type_id}), which kvcore does not support"
+    )]
+    UnsupportedTensorType {
+        tensor: String,
+        type_id: u32,
+        type_name: &'static str,
+    },
+    /// The element count or byte size of a tensor overflows.
+    #[error("tensor {tensor:?}: the size of dims {dims:?} overflows")]
+    DimsOverflow { tensor: String, dims: Vec<u64> },
+    /// The first dimension is not a whole number of blocks of the tensor's type.
+    #[error("tensor {tensor:?}: ne0 = {ne0} is not a multiple of the {dtype} block length")]
+    PartialBlock {
+        tensor: String,
+        dtype: DType,
+        ne0: u64,
+    },
+    /// A tensor's bytes run past the end of the data section.
+    #[error(
+        "tensor {tensor:?}: bytes {offset}..{offset}+{n_bytes} run past the data section of {data_len} bytes"
+    )]
+    TensorOutOfBounds {
+        tensor: String,
+        offset: u64,
+        n_bytes: u64,
+        data_len: u64,
+    },
+    /// A tensor offset that is not a multiple of the alignment.
+    #[error("tensor {tensor:?}: offset {offset} is not a multiple of the alignment {alignment}")]
+    MisalignedTensor {
+        tensor: String,
+        offset: u64,
+        alignment: u64,
+    },
+    /// The same tensor name twice.
+    #[error("duplicate tensor name {0:?}")]
+    DuplicateTensor(String),
+    /// A required metadata key is absent.
+    #[error("metadata key {0:?} is missing")]
+    MissingKey(String),
+    /// A metadata value of the wrong type.
+    #[error("metadata key {key:?} is {found}, expected {expected}")]
+    WrongType {
+        key: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    /// A metadata integer of the right type whose value is out of the requested range
+    /// (a negative count, say).
+    #[error("metadata key {key:?} = {value} is out of range: expected {expected}")]
+    OutOfRange {
+        key: String,
+        value: i64,
+        expected: &'static str,
+    },
+    /// A tensor's dims do not make a valid [`Weights`](crate::backend::Weights) view.
+    #[error("tensor {tensor:?} cannot be viewed as a matrix: {source}")]
+    Shape { tensor: String, source: ShapeError },
+}

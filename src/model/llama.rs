@@ -1,0 +1,344 @@
+//! The Llama forward pass, generic over the compute [`Backend`] and the [`KvStore`].
+//!
+//! One call to [`Llama::forward`] appends `n` tokens at positions `pos0 .. pos0 + n`
+//! (`pos0 = kv.seq_len()`): prefill passes the whole prompt at once (the matmuls are GEMMs),
+//! decode passes one token (GEMVs). Per block, with `x: [n, d_model]` the residual stream:
+//!
+//! ```text
+//! xn = rms_norm(x) ⊙ attn_norm
+//! q = xn Wqᵀ, k = xn Wkᵀ, v = xn Wvᵀ           rope(q), rope(k)
+//! K/V rows pos0.. ← k, v                        (KvStore::k_mut / v_mut)
+//! x += attention(q, keys(layer), values(layer)) Woᵀ
+//! xn = rms_norm(x) ⊙ ffn_norm
+//! x += (silu(xn Wgateᵀ) ⊙ xn Wupᵀ) Wdownᵀ
+//! ```
+//! then `logits = rms_norm(x) ⊙ output_norm · Woutᵀ` (`Wout` is the token embedding when
+//! the file has no `output.weight`). Weights stay in the memory-mapped file in their stored
+//! format; only the tiny norm vectors are decoded to f32 at load.
+
+use super::{LlamaConfig, ModelError};
+use crate::backend::{AttnShape, Backend, Rope, Weights};
+use crate::gguf::GgufFile;
+use crate::kv::{GrowKv, KvError, KvStore};
+use ndarray::{Array2, Axis};
+
+/// Which rows of logits a forward pass computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position's: `[1, vocab]` (generation).
+    Last,
+    /// Every position's: `[n, vocab]` (scoring, tests).
+    All,
+    /// None: fill the KV cache only (`[0, vocab]`).
+    None,
+}
+
+/// Index of a matrix tensor in the file, with its shape checked at load.
+#[derive(Clone, Copy, Debug)]
+struct MatRef {
+    index: usize,
+}
+
+/// The matrices of one transformer block.
+#[derive(Debug)]
+struct Block {
+    attn_norm: Vec<f32>, // [d_model]
+    wq: MatRef,          // [q_dim, d_model]
+    wk: MatRef,          // [kv_dim, d_model]
+    wv: MatRef,          // [kv_dim, d_model]
+    wo: MatRef,          // [d_model, q_dim]
+    ffn_norm: Vec<f32>,  // [d_model]
+    w_gate: MatRef,      // [ffn_dim, d_model]
+    w_up: MatRef,        // [ffn_dim, d_model]
+    w_down: MatRef,      // [d_model, ffn_dim]
+}
+
+/// A Llama model: the GGUF file (weights borrowed from its memory map), its config and a
+/// compute backend.
+#[derive(Debug)]
+pub struct Llama<B: Backend> {
+    file: GgufFile,
+    config: LlamaConfig,
+    backend: B,
+    token_embd: MatRef,    // [vocab, d_model]
+    output_norm: Vec<f32>, // [d_model]
+    output: MatRef,        // [vocab, d_model]
+    blocks: Vec<Block>,
+}
+
+impl<B: Backend> Llama<B> {
+    /// Binds the tensors of a llama-architecture GGUF file, checking every shape against
+    /// the config read from its metadata.
+    pub fn load(file: GgufFile, backend: B) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_gguf(&file)?;
+        let c = &config;
+        let mat = |name: &str, rows: usize, cols: usize| -> Result<MatRef, ModelError> {
+            let index = file
+                .tensors()
+                .iter()
+                .position(|t| t.name == name)
+                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+            let w = file.weights(&file.tensors()[index])?;
+            if w.rows() != rows || w.cols() != cols {
+                return Err(ModelError::TensorShape {
+                    name: name.to_string(),
+                    expected: vec![cols as u64, rows as u64],
+                    found: file.tensors()[index].dims.clone(),
+                });
+            }
+            Ok(MatRef { index })
+        };
+        let vector = |name: &str| -> Result<Vec<f32>, ModelError> {
+            let m = mat(name, 1, c.d_model)?;
+            let w = file.weights(&file.tensors()[m.index])?;
+            let mut out = vec![0.0; c.d_model];
+            backend.embed_row(&w, 0, &mut out)?;
+            Ok(out)
+        };
+        let token_embd = mat("token_embd.weight", c.vocab_size, c.d_model)?;
+        let output = if c.tied_embeddings {
+            token_embd
+        } else {
+            mat("output.weight", c.vocab_size, c.d_model)?
+        };
+        let output_norm = vector("output_norm.weight")?;
+        let mut blocks = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let name = |t: &str| format!("blk.{l}.{t}.weight");
+            blocks.push(Block {
+                attn_norm: vector(&name("attn_norm"))?,
+                wq: mat(&name("attn_q"), c.q_dim(), c.d_model)?,
+                wk: mat(&name("attn_k"), c.kv_dim(), c.d_model)?,
+                wv: mat(&name("attn_v"), c.kv_dim(), c.d_model)?,
+                wo: mat(&name("attn_output"), c.d_model, c.q_dim())?,
+                ffn_norm: vector(&name("ffn_norm"))?,
+                w_gate: mat(&name("ffn_gate"), c.ffn_dim, c.d_model)?,
+                w_up: mat(&name("ffn_up"), c.ffn_dim, c.d_model)?,
+                w_down: mat(&name("ffn_down"), c.d_model, c.ffn_dim)?,
+            });
+        }
+        Ok(Llama {
+            file,
+            config,
+            backend,
+            token_embd,
+            output_norm,
+            output,
+            blocks,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The GGUF file the weights live in (metadata, tokenizer, tensor table).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The compute backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A new empty grow-on-demand KV store for this model with a `max_ctx` ceiling.
+    pub fn new_grow_kv(&self, max_ctx: usize) -> Result<GrowKv, KvError> {
+        GrowKv::new(self.config.n_layers, self.config.kv_dim(), max_ctx)
+    }
+
+    fn weights(&self, m: MatRef) -> Weights<'_> {
+        // Shapes and byte ranges were validated in `load`; `GgufFile` is immutable.
+        self.file
+            .weights(&self.file.tensors()[m.index])
+            .expect("tensor validated at load")
+    }
+
+    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several.
+    fn matmul(&self, m: MatRef, x: &Array2<f32>) -> Result<Array2<f32>, ModelError> {
+        let w = self.weights(m);
+        let n = x.nrows();
+        let mut y = Array2::<f32>::zeros((n, w.rows()));
+        let xs = x.as_slice().expect("activations are standard-layout");
+        let ys = y.as_slice_mut().expect("fresh array is standard-layout");
+        if n == 1 {
+            self.backend.gemv(&w, xs, ys)?;
+        } else {
+            self.backend.gemm(&w, xs, ys)?;
+        }
+        Ok(y)
+    }
+
+    fn rms_norm(&self, x: &Array2<f32>, weight: &[f32]) -> Result<Array2<f32>, ModelError> {
+        let mut out = Array2::<f32>::zeros(x.raw_dim());
+        self.backend.rms_norm(
+            x.as_slice().expect("standard layout"),
+            weight,
+            self.config.rms_eps,
+            out.as_slice_mut().expect("standard layout"),
+        )?;
+        Ok(out)
+    }
+
+    /// Runs `tokens` through the model at positions `kv.seq_len() ..`, appending their
+    /// K and V rows to `kv`, and returns the requested logits, `[rows, vocab]`.
+    ///
+    /// Errors before touching `kv` when a token id is outside the vocabulary or the
+    /// positions would pass `kv.max_ctx()` ([`KvError::ContextOverflow`]), so a failed
+    /// call leaves the cache as it was.
+    pub fn forward<K: KvStore>(
+        &self,
+        kv: &mut K,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Array2<f32>, ModelError> {
+        let c = &self.config;
+        let x = self.hidden(kv, tokens)?; // [n, d_model]
+        let n = x.nrows();
+        let rows = match logits {
+            _ if n == 0 => return Ok(Array2::zeros((0, c.vocab_size))),
+            Logits::None => return Ok(Array2::zeros((0, c.vocab_size))),
+            Logits::Last => x
+                .slice_axis(Axis(0), ndarray::Slice::from(n - 1..))
+                .to_owned(),
+            Logits::All => x,
+        };
+        let xn = self.rms_norm(&rows, &self.output_norm)?; // [rows, d_model]
+        self.matmul(self.output, &xn) // [rows, vocab]
+    }
+
+    /// The residual stream after the last block, `[n, d_model]` (before the output norm),
+    /// appending the K/V rows of `tokens` to `kv`. Checks as [`forward`](Self::forward).
+    fn hidden<K: KvStore>(&self, kv: &mut K, tokens: &[u32]) -> Result<Array2<f32>, ModelError> {
+        let c = &self.config;
+        let b = &self.backend;
+        let n = tokens.len();
+        let pos0 = kv.seq_len();
+        if kv.n_layers() != c.n_layers || kv.kv_dim() != c.kv_dim() {
+            return Err(ModelError::KvGeometry {
+                expected: (c.n_layers, c.kv_dim()),
+                found: (kv.n_layers(), kv.kv_dim()),
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab_size: c.vocab_size,
+            });
+        }
+        if n == 0 {
+            return Ok(Array2::zeros((0, c.d_model)));
+        }
+        let end = pos0 + n;
+        if end > kv.max_ctx() {
+            return Err(KvError::ContextOverflow {
+                pos: end - 1,
+                max_ctx: kv.max_ctx(),
+            }
+            .into());
+        }
+        let positions: Vec<usize> = (pos0..end).collect();
+        let rope = Rope {
+            base: c.rope_base,
+            style: c.rope_style,
+        };
+        let attn_shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            pos0,
+        };
+
+        // x: [n, d_model], the residual stream.
+        let mut x = Array2::<f32>::zeros((n, c.d_model));
+        let embd = self.weights(self.token_embd);
+        for (row, &id) in x.axis_iter_mut(Axis(0)).zip(tokens) {
+            let row = row.into_slice().expect("standard layout");
+            b.embed_row(&embd, id as usize, row)?;
+        }
+
+        for (layer, blk) in self.blocks.iter().enumerate() {
+            // Attention.
+            let xn = self.rms_norm(&x, &blk.attn_norm)?; // [n, d_model]
+            let mut q = self.matmul(blk.wq, &xn)?; // [n, q_dim]
+            let mut k = self.matmul(blk.wk, &xn)?; // [n, kv_dim]
+            let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
+            b.rope(
+                q.as_slice_mut().expect("std"),
+                c.head_dim,
+                &positions,
+                &rope,
+            )?;
+            b.rope(
+                k.as_slice_mut().expect("std"),
+                c.head_dim,
+                &positions,
+                &rope,
+            )?;
+            for (t, pos) in positions.iter().enumerate() {
+                kv.k_mut(layer, *pos)?
+                    .copy_from_slice(k.row(t).as_slice().expect("std"));
+                kv.v_mut(layer, *pos)?
+                    .copy_from_slice(v.row(t).as_slice().expect("std"));
+            }
+            let mut att = Array2::<f32>::zeros((n, c.q_dim())); // [n, q_dim]
+            b.attention(
+                q.as_slice().expect("std"),
+                &kv.keys(layer)[..end * c.kv_dim()],
+                &kv.values(layer)[..end * c.kv_dim()],
+                att.as_slice_mut().expect("std"),
+                &attn_shape,
+            )?;
+            let o = self.matmul(blk.wo, &att)?; // [n, d_model]
+            self.residual(&mut x, &o)?;
+
+            // Feed-forward (SwiGLU).
+            let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [n, d_model]
+            let gate = self.matmul(blk.w_gate, &xn)?; // [n, ffn_dim]
+            let up = self.matmul(blk.w_up, &xn)?; // [n, ffn_dim]
+            let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [n, ffn_dim]
+            b.swiglu(
+                gate.as_slice().expect("std"),
+                up.as_slice().expect("std"),
+                h.as_slice_mut().expect("std"),
+            )?;
+            let down = self.matmul(blk.w_down, &h)?; // [n, d_model]
+            self.residual(&mut x, &down)?;
+        }
+
+        Ok(x)
+    }
+
+    fn residual(&self, x: &mut Array2<f32>, delta: &Array2<f32>) -> Result<(), ModelError> {
+        self.backend.add(
+            x.as_slice_mut().expect("standard layout"),
+            delta.as_slice().expect("standard layout"),
+        )?;
+        Ok(())
+    }
+
+    /// Sentence embedding of `tokens`: the final hidden state (after the output norm),
+    /// mean-pooled over positions and L2-normalised, `[d_model]`.
+    ///
+    /// Runs on a KV store of its own, so a conversation's cache is never disturbed.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        let c = &self.config;
+        let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), tokens.len())?;
+        let hidden = self.hidden(&mut kv, tokens)?; // [n, d_model]
+        let normed = self.rms_norm(&hidden, &self.output_norm)?; // [n, d_model]
+        let mean = normed.mean_axis(Axis(0)).expect("n > 0"); // [d_model]
+        let norm = mean
+            .iter()
+            .map(|v| f64::from(*v) * f64::from(*v))
+            .sum::<f64>()
+            .sqrt();
+        if !norm.is_finite() || norm == 0.0 {
+            return Err(ModelError::NonFinite("embedding"));
+        }
+        Ok(mean.iter().map(|v| (f64::from(*v) / norm) as f32).collect())
+    }
+}

@@ -1,0 +1,227 @@
+//! Reading the tokenizer and chat template from a GGUF file's metadata.
+//!
+//! Keys (llama.cpp names): `tokenizer.ggml.model` (must be `gpt2`, byte-level BPE),
+//! `tokenizer.ggml.pre` (pre-tokenizer; absent means llama.cpp's `default`),
+//! `tokenizer.ggml.tokens` (string array), `tokenizer.ggml.token_type` (integer array,
+//! optional), `tokenizer.ggml.merges` (string array), `tokenizer.ggml.{bos,eos,eot,eom}_token_id`
+//! (optional integers), `tokenizer.ggml.add_bos_token` (optional bool) and
+//! `tokenizer.chat_template` (optional string).
+
+use crate::gguf::{GgufError, GgufFile, Value};
+
+use super::{ChatTemplate, PreTokenizerKind, TokenType, Tokenizer, TokenizerError, TokenizerSpec};
+
+const MODEL: &str = "tokenizer.ggml.model";
+const PRE: &str = "tokenizer.ggml.pre";
+const TOKENS: &str = "tokenizer.ggml.tokens";
+const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+const MERGES: &str = "tokenizer.ggml.merges";
+const BOS: &str = "tokenizer.ggml.bos_token_id";
+const EOS: &str = "tokenizer.ggml.eos_token_id";
+const EOT: &str = "tokenizer.ggml.eot_token_id";
+const EOM: &str = "tokenizer.ggml.eom_token_id";
+const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+
+impl Tokenizer {
+    /// Builds the tokenizer described by the file's `tokenizer.*` metadata.
+    ///
+    /// # Errors
+    /// [`TokenizerError::UnsupportedModel`] unless `tokenizer.ggml.model` is `gpt2`;
+    /// [`TokenizerError::UnsupportedPre`] naming an unknown `tokenizer.ggml.pre`;
+    /// [`TokenizerError::Gguf`] for a missing key or a value of the wrong type (an array
+    /// element is named `key[index]`); [`TokenizerError::BadTokenType`]; and the errors
+    /// of [`Tokenizer::new`].
+    pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+        let model = f.get_str(MODEL)?;
+        if model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel(model.to_string()));
+        }
+        let pre = PreTokenizerKind::from_name(optional(f, PRE, GgufFile::get_str)?)?;
+        let tokens = strings(f, TOKENS)?;
+        let token_types = match f.get(TOKEN_TYPE) {
+            None => Vec::new(),
+            Some(_) => f
+                .get_array(TOKEN_TYPE)?
+                .iter()
+                .enumerate()
+                .map(|(index, v)| {
+                    let code = v
+                        .as_i64()
+                        .ok_or_else(|| wrong_element(TOKEN_TYPE, index, v, "integer"))?;
+                    TokenType::from_code(code).ok_or(TokenizerError::BadTokenType { index, code })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let merges = strings(f, MERGES)?;
+        let add_bos = optional(f, ADD_BOS, GgufFile::get_bool)?.unwrap_or(pre.default_add_bos());
+        Tokenizer::new(TokenizerSpec {
+            bos: special_id(f, BOS, "bos", tokens.len())?,
+            eos: special_id(f, EOS, "eos", tokens.len())?,
+            eot: special_id(f, EOT, "eot", tokens.len())?,
+            eom: special_id(f, EOM, "eom", tokens.len())?,
+            tokens,
+            token_types,
+            merges,
+            pre,
+            add_bos,
+        })
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles the file's `tokenizer.chat_template`, with the texts of its BOS and EOS
+    /// tokens (empty strings where the file names none); `Ok(None)` if the file has no
+    /// template.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Gguf`] for a value of the wrong type,
+    /// [`TokenizerError::SpecialIdOutOfRange`], and the errors of [`ChatTemplate::new`].
+    pub fn from_gguf(f: &GgufFile) -> Result<Option<ChatTemplate>, TokenizerError> {
+        let Some(source) = optional(f, CHAT_TEMPLATE, GgufFile::get_str)? else {
+            return Ok(None);
+        };
+        let tokens = match f.get(TOKENS) {
+            None => &[][..],
+            Some(_) => f.get_array(TOKENS)?,
+        };
+        let text_of = |key: &str, name: &'static str| -> Result<&str, TokenizerError> {
+            let Some(id) = special_id(f, key, name, tokens.len())? else {
+                return Ok("");
+            };
+            let v = &tokens[id as usize];
+            v.as_str()
+                .ok_or_else(|| wrong_element(TOKENS, id as usize, v, "string"))
+        };
+        ChatTemplate::new(source, text_of(BOS, "bos")?, text_of(EOS, "eos")?).map(Some)
+    }
+}
+
+/// The value of an optional key: `None` if absent, an error if present with a wrong type.
+fn optional<'f, T>(
+    f: &'f GgufFile,
+    key: &str,
+    get: impl Fn(&'f GgufFile, &str) -> Result<T, GgufError>,
+) -> Result<Option<T>, GgufError> {
+    f.get(key).map(|_| get(f, key)).transpose()
+}
+
+/// A string-array key as owned strings.
+fn strings(f: &GgufFile, key: &str) -> Result<Vec<String>, TokenizerError> {
+    f.get_array(key)?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| wrong_element(key, i, v, "string"))
+        })
+        .collect()
+}
+
+/// An optional special-token id, checked against the vocabulary size.
+fn special_id(
+    f: &GgufFile,
+    key: &str,
+    name: &'static str,
+    vocab_size: usize,
+) -> Result<Option<u32>, TokenizerError> {
+    let Some(id) = optional(f, key, GgufFile::get_u64)? else {
+        return Ok(None);
+    };
+    match u32::try_from(id) {
+        Ok(small) if (small as usize) < vocab_size => Ok(Some(small)),
+        _ => Err(TokenizerError::SpecialIdOutOfRange {
+            name,
+            id,
+            vocab_size,
+        }),
+    }
+}
+
+/// The error for array element `key[index]` holding `v` instead of `expected`.
+fn wrong_element(key: &str, index: usize, v: &Value, expected: &'static str) -> TokenizerError {
+    TokenizerError::Gguf(GgufError::WrongType {
+        key: format!("{key}[{index}]"),
+        expected,
+        found: v.type_name(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufWriter;
+
+    /// A file with a four-token vocabulary and one merge, with `changes` replacing (or
+    /// adding) metadata entries.
+    fn file(changes: Vec<(&str, Value)>) -> GgufFile {
+        let strs =
+            |xs: &[&str]| Value::Array(xs.iter().map(|s| Value::Str(s.to_string())).collect());
+        let mut entries = vec![
+            (MODEL, Value::Str("gpt2".into())),
+            (PRE, Value::Str("smollm".into())),
+            (TOKENS, strs(&["a", "b", "ab", "<|im_end|>"])),
+            (
+                TOKEN_TYPE,
+                Value::Array([1, 1, 1, 3].map(Value::I32).to_vec()),
+            ),
+            (MERGES, strs(&["a b"])),
+            (EOS, Value::U32(3)),
+            (CHAT_TEMPLATE, Value::Str("{{ eos_token }}".into())),
+        ];
+        for (key, value) in changes {
+            entries.retain(|(k, _)| *k != key);
+            entries.push((key, value));
+        }
+        let mut w = GgufWriter::new();
+        for (key, value) in entries {
+            w.metadata(key, value);
+        }
+        GgufFile::from_bytes(w.to_bytes()).unwrap()
+    }
+
+    #[test]
+    fn reads_a_small_vocabulary() {
+        let f = file(vec![]);
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        assert_eq!(t.encode("ab<|im_end|>"), [2, 3]);
+        assert_eq!(t.eos_id(), Some(3));
+        assert!(t.is_stop(3));
+        assert!(!t.add_bos());
+        assert_eq!(t.pre_tokenizer(), PreTokenizerKind::DigitsThenGpt2);
+        let tpl = ChatTemplate::from_gguf(&f).unwrap().unwrap();
+        assert_eq!(tpl.render(&[], false).unwrap(), "<|im_end|>");
+    }
+
+    #[test]
+    fn bad_metadata_is_named() {
+        let err =
+            Tokenizer::from_gguf(&file(vec![(PRE, Value::Str("no-such-pre".into()))])).unwrap_err();
+        assert!(err.to_string().contains("no-such-pre"), "{err}");
+
+        let err = Tokenizer::from_gguf(&file(vec![(EOS, Value::U32(4))])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenizerError::SpecialIdOutOfRange {
+                    name: "eos",
+                    id: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let tokens = Value::Array(vec![Value::U8(7), Value::U8(1)]);
+        let err = Tokenizer::from_gguf(&file(vec![(TOKENS, tokens)])).unwrap_err();
+        assert!(
+            err.to_string().contains("tokenizer.ggml.tokens[0]"),
+            "{err}"
+        );
+
+        let err =
+            Tokenizer::from_gguf(&file(vec![(MODEL, Value::Str("llama".into()))])).unwrap_err();
+        assert!(matches!(err, TokenizerError::UnsupportedModel(m) if m == "llama"));
+    }
+}

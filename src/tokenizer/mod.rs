@@ -1,0 +1,595 @@
+//! The tokenizer: byte-level BPE built from a GGUF file's own vocabulary, its chat
+//! template, and streaming detokenization.
+//!
+//! Encoding follows llama.cpp (`llama_tokenize` with `parse_special = true`, no BOS) step
+//! by step, so ids match it exactly:
+//! 1. [`special`]: cut the text at special tokens (control, user-defined and unknown types),
+//!    longest first; those become their ids directly.
+//! 2. [`pretokenize`]: split every other stretch into words with the regex list that
+//!    `tokenizer.ggml.pre` names.
+//! 3. [`bpe`]: write each word's bytes as their vocabulary chars ([`bytes`], the GPT-2
+//!    byte-to-unicode map) and merge adjacent pairs by rank (`tokenizer.ggml.merges`).
+//!
+//! Decoding maps each id to bytes (ordinary tokens through the byte map reversed; control,
+//! user-defined and unknown tokens as their literal text), concatenates, and replaces
+//! invalid UTF-8 only once at the end; [`StreamDecoder`] does the same incrementally.
+//! [`ChatTemplate`] renders the file's Jinja chat template with `minijinja`.
+//!
+//! Layout: the vocabulary is a `Vec` indexed by token id (`u32`), with a text → id map and
+//! each token's decoded bytes precomputed; merges are keyed by the pair of token ids.
+
+mod bpe;
+mod bytes;
+mod chat;
+mod metadata;
+mod pretokenize;
+mod special;
+mod stream;
+
+use std::collections::HashMap;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use pretokenize::PreTokenizerKind;
+pub use stream::StreamDecoder;
+
+use bpe::MergeTable;
+use bytes::ByteMap;
+use pretokenize::PreTokenizer;
+use special::Fragment;
+
+/// Errors from building a tokenizer, decoding, or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A token id that is not below the vocabulary size.
+    #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
+    UnknownId {
+        /// The offending id.
+        id: u32,
+        /// Number of tokens in the vocabulary.
+        vocab_size: usize,
+    },
+    /// `tokenizer.ggml.model` names a tokenizer kvcore does not implement.
+    #[error("unsupported tokenizer model {0:?}: only byte-level BPE (\"gpt2\") is implemented")]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer kvcore does not implement.
+    #[error(
+        "unsupported pre-tokenizer {0:?}: supported are default, gpt-2/gpt2, smollm \
+         (and starcoder, refact, command-r, ...), llama3/llama-bpe"
+    )]
+    UnsupportedPre(String),
+    /// The vocabulary has no tokens, or more than `u32` ids can address.
+    #[error("vocabulary size {size} is unusable (need 1..=2^32 tokens)")]
+    BadVocabSize {
+        /// Number of tokens given.
+        size: usize,
+    },
+    /// The token-type list does not have one entry per token.
+    #[error("{types} token types for {tokens} tokens")]
+    TypeCountMismatch {
+        /// Number of tokens.
+        tokens: usize,
+        /// Number of token types.
+        types: usize,
+    },
+    /// A token type code outside llama.cpp's `0..=6`.
+    #[error("token {index} has unknown token type {code}")]
+    BadTokenType {
+        /// The token id.
+        index: usize,
+        /// The code found.
+        code: i64,
+    },
+    /// A merge rule that is not two vocabulary tokens whose concatenation is a token.
+    #[error("merge {index} ({merge:?}) is invalid: {reason}")]
+    BadMerge {
+        /// Rank (index) of the merge.
+        index: usize,
+        /// The merge text, `"left right"`.
+        merge: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A special-token id from the metadata (BOS, EOS, ...) outside the vocabulary.
+    #[error("{name} token id {id} is outside the vocabulary (size {vocab_size})")]
+    SpecialIdOutOfRange {
+        /// Which special token (`"bos"`, `"eos"`, `"eot"`, `"eom"`).
+        name: &'static str,
+        /// The id found.
+        id: u64,
+        /// Number of tokens in the vocabulary.
+        vocab_size: usize,
+    },
+    /// Reading the tokenizer metadata from the GGUF file failed (a missing key, a value of
+    /// the wrong type; an array element is named `key[index]`).
+    #[error("tokenizer metadata: {0}")]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// The chat template failed to compile or to render; the message names the problem.
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// A token's type, as stored in `tokenizer.ggml.token_type` (llama.cpp's
+/// `llama_token_type` codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenType {
+    /// Code 0: no type recorded; treated like [`TokenType::Normal`].
+    Undefined,
+    /// Code 1: an ordinary vocabulary token, text in byte-level form.
+    Normal,
+    /// Code 2: the unknown token; matched and printed as literal text.
+    Unknown,
+    /// Code 3: a control token (`<|im_start|>`); matched and printed as literal text.
+    Control,
+    /// Code 4: a user-defined added token; matched and printed as literal text.
+    UserDefined,
+    /// Code 5: an unused slot; treated like [`TokenType::Normal`].
+    Unused,
+    /// Code 6: a byte token `<0xHH>`; prints as that single byte.
+    Byte,
+}
+
+impl TokenType {
+    /// The type for a llama.cpp code, or `None` for a code outside `0..=6`.
+    pub fn from_code(code: i64) -> Option<TokenType> {
+        Some(match code {
+            0 => TokenType::Undefined,
+            1 => TokenType::Normal,
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => return None,
+        })
+    }
+
+    /// Whether tokens of this type are matched verbatim in input text and printed as
+    /// their literal text.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            TokenType::Unknown | TokenType::Control | TokenType::UserDefined
+        )
+    }
+}
+
+/// Texts of end-of-generation tokens that llama.cpp recognises by name in any vocabulary.
+const STOP_TEXTS: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+];
+
+/// Everything needed to build a [`Tokenizer`], as plain data (what the GGUF metadata
+/// holds, already decoded).
+#[derive(Debug, Clone)]
+pub struct TokenizerSpec {
+    /// Token texts indexed by id (`tokenizer.ggml.tokens`), ordinary tokens in GPT-2
+    /// byte-level form (`"Ġthe"` is `" the"`).
+    pub tokens: Vec<String>,
+    /// One type per token (`tokenizer.ggml.token_type`); empty means all
+    /// [`TokenType::Normal`].
+    pub token_types: Vec<TokenType>,
+    /// Merge rules `"left right"`, rank = index (`tokenizer.ggml.merges`).
+    pub merges: Vec<String>,
+    /// The pre-tokenizer family (`tokenizer.ggml.pre`).
+    pub pre: PreTokenizerKind,
+    /// Beginning-of-sequence id (`tokenizer.ggml.bos_token_id`).
+    pub bos: Option<u32>,
+    /// End-of-sequence id (`tokenizer.ggml.eos_token_id`).
+    pub eos: Option<u32>,
+    /// End-of-turn id (`tokenizer.ggml.eot_token_id`), a stop token.
+    pub eot: Option<u32>,
+    /// End-of-message id (`tokenizer.ggml.eom_token_id`), a stop token.
+    pub eom: Option<u32>,
+    /// Whether callers should put BOS before a prompt (`tokenizer.ggml.add_bos_token`);
+    /// [`Tokenizer::encode`] itself never adds it.
+    pub add_bos: bool,
+}
+
+/// A byte-level BPE tokenizer (see the module doc for the algorithm).
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    /// Token texts by id, as stored in the file.
+    tokens: Vec<String>,
+    /// Token types by id.
+    types: Vec<TokenType>,
+    /// The bytes each token decodes to, by id.
+    token_bytes: Vec<Box<[u8]>>,
+    /// Exact text → id (the last id wins for a repeated text, as in llama.cpp).
+    token_to_id: HashMap<String, u32>,
+    /// `byte_ids[b]`: the token for the single byte `b`, if the vocabulary has one.
+    byte_ids: [Option<u32>; 256],
+    byte_map: ByteMap,
+    merges: MergeTable,
+    pre: PreTokenizer,
+    /// Special tokens `(id, text)` matched in input, longest text first.
+    specials: Vec<(u32, String)>,
+    /// End-of-generation ids, sorted.
+    stops: Vec<u32>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+}
+
+impl Tokenizer {
+    /// Builds a tokenizer from plain data.
+    ///
+    /// # Errors
+    /// [`TokenizerError::BadVocabSize`], [`TokenizerError::TypeCountMismatch`],
+    /// [`TokenizerError::BadMerge`] (a side or the result is not a token, or no space
+    /// separator), [`TokenizerError::SpecialIdOutOfRange`].
+    pub fn new(spec: TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
+        let TokenizerSpec {
+            tokens,
+            token_types,
+            merges,
+            pre,
+            bos,
+            eos,
+            eot,
+            eom,
+            add_bos,
+        } = spec;
+        let n = tokens.len();
+        if n == 0 || u32::try_from(n - 1).is_err() {
+            return Err(TokenizerError::BadVocabSize { size: n });
+        }
+        let types = if token_types.is_empty() {
+            vec![TokenType::Normal; n]
+        } else if token_types.len() == n {
+            token_types
+        } else {
+            return Err(TokenizerError::TypeCountMismatch {
+                tokens: n,
+                types: token_types.len(),
+            });
+        };
+        for (name, id) in [("bos", bos), ("eos", eos), ("eot", eot), ("eom", eom)] {
+            if let Some(id) = id.filter(|&id| id as usize >= n) {
+                return Err(TokenizerError::SpecialIdOutOfRange {
+                    name,
+                    id: u64::from(id),
+                    vocab_size: n,
+                });
+            }
+        }
+
+        let byte_map = ByteMap::new();
+        let token_to_id: HashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let token_bytes = tokens
+            .iter()
+            .zip(&types)
+            .map(|(text, &ty)| token_to_bytes(&byte_map, text, ty))
+            .collect();
+        let mut byte_ids = [None; 256];
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            let c = byte_map.char_of(b as u8);
+            *slot = token_to_id.get(c.encode_utf8(&mut [0; 4]) as &str).copied();
+        }
+        let merges = build_merges(&merges, &token_to_id)?;
+
+        let mut specials: Vec<(u32, String)> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (text, ty))| ty.is_special() && !text.is_empty())
+            .map(|(i, (text, _))| (i as u32, text.clone()))
+            .collect();
+        specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+
+        let mut stops: Vec<u32> = [eos, eot, eom].into_iter().flatten().collect();
+        stops.extend(
+            STOP_TEXTS
+                .iter()
+                .filter_map(|t| token_to_id.get(*t).copied()),
+        );
+        stops.sort_unstable();
+        stops.dedup();
+
+        Ok(Tokenizer {
+            tokens,
+            types,
+            token_bytes,
+            token_to_id,
+            byte_ids,
+            byte_map,
+            merges,
+            pre: PreTokenizer::new(pre),
+            specials,
+            stops,
+            bos,
+            eos,
+            add_bos,
+        })
+    }
+
+    /// Encodes `text` into token ids. Special-token texts in `text` (`<|im_start|>`)
+    /// become their ids; no BOS is added (see [`Tokenizer::add_bos`]).
+    ///
+    /// A byte whose single-byte token is missing from the vocabulary is dropped, as in
+    /// llama.cpp (SmolLM2's lacks 21 bytes, among them `0xF1` and `0xF2`, the lead bytes of
+    /// planes 4 to 11). Whenever every byte of `text` has a token, decoding gives `text` back.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut scratch = Vec::new();
+        for frag in special::partition(text, &self.specials) {
+            match frag {
+                Fragment::Special(id) => out.push(id),
+                Fragment::Text(range) => {
+                    let part = &text[range];
+                    for word in self.pre.split(part) {
+                        self.encode_word(&part[word], &mut scratch, &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// BPE-encodes one pre-tokenized word, appending to `out`; `scratch` is reused
+    /// storage for the word's initial symbols.
+    fn encode_word(&self, word: &str, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+        if self.pre.kind().ignore_merges() {
+            let encoded = self.byte_map.encode(word.as_bytes());
+            if let Some(&id) = self.token_to_id.get(&encoded) {
+                out.push(id);
+                return;
+            }
+        }
+        // A byte without a token is dropped and, as in llama.cpp, its neighbours do not
+        // merge across the gap.
+        scratch.clear();
+        for b in word.bytes() {
+            match self.byte_ids[usize::from(b)] {
+                Some(id) => scratch.push(id),
+                None => {
+                    bpe::merge_word(&self.merges, scratch, out);
+                    scratch.clear();
+                }
+            }
+        }
+        bpe::merge_word(&self.merges, scratch, out);
+    }
+
+    /// Decodes ids to text: the tokens' bytes concatenated, then read as UTF-8 with each
+    /// invalid sequence replaced by U+FFFD (only an id sequence that does not come from
+    /// [`Tokenizer::encode`] can produce one).
+    ///
+    /// # Errors
+    /// [`TokenizerError::UnknownId`] for an id not below [`Tokenizer::vocab_size`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            bytes.extend_from_slice(self.token_bytes(id)?);
+        }
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// The raw bytes token `id` decodes to (possibly part of a UTF-8 character).
+    ///
+    /// # Errors
+    /// [`TokenizerError::UnknownId`] for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Result<&[u8], TokenizerError> {
+        self.token_bytes
+            .get(id as usize)
+            .map(|b| &b[..])
+            .ok_or(TokenizerError::UnknownId {
+                id,
+                vocab_size: self.tokens.len(),
+            })
+    }
+
+    /// A decoder for streaming output one token at a time.
+    pub fn stream(&self) -> StreamDecoder<'_> {
+        StreamDecoder::new(self)
+    }
+
+    /// Number of tokens; valid ids are `0..vocab_size`.
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The beginning-of-sequence id, if the file names one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// The end-of-sequence id, if the file names one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// Whether the model expects BOS before a prompt (`tokenizer.ggml.add_bos_token`,
+    /// false for SmolLM2). [`Tokenizer::encode`] never adds it; callers do.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Whether generation should stop after `id`: EOS, the metadata's end-of-turn and
+    /// end-of-message ids, and any token named `<|im_end|>`, `<|endoftext|>`,
+    /// `<|eot_id|>`, `<|eom_id|>`, `<|end|>`, `<end_of_turn>`, `<|end_of_text|>`,
+    /// `<EOT>`, `_<EOT>` or `<end_of_utterance>` (llama.cpp's end-of-generation set).
+    pub fn is_stop(&self, id: u32) -> bool {
+        self.stops.binary_search(&id).is_ok()
+    }
+
+    /// The id of the token whose stored text is exactly `text` (`"<|im_end|>"`, or an
+    /// ordinary token in byte-level form such as `"Ġthe"`).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.token_to_id.get(text).copied()
+    }
+
+    /// The stored text of token `id`, or `None` outside the vocabulary.
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The type of token `id`, or `None` outside the vocabulary.
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+
+    /// The pre-tokenizer family in use.
+    pub fn pre_tokenizer(&self) -> PreTokenizerKind {
+        self.pre.kind()
+    }
+}
+
+/// The bytes a token stands for: special tokens are their literal text, byte tokens
+/// `<0xHH>` their byte, everything else goes through the byte-level map.
+fn token_to_bytes(map: &ByteMap, text: &str, ty: TokenType) -> Box<[u8]> {
+    if ty.is_special() {
+        return text.as_bytes().into();
+    }
+    if ty == TokenType::Byte {
+        if let Some(b) = parse_byte_token(text) {
+            return Box::new([b]);
+        }
+    }
+    map.decode(text).into_boxed_slice()
+}
+
+/// `"<0x41>"` → `0x41`.
+fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+/// Parses the merge list into a table keyed by token ids.
+fn build_merges(
+    merges: &[String],
+    token_to_id: &HashMap<String, u32>,
+) -> Result<MergeTable, TokenizerError> {
+    let mut table = MergeTable::default();
+    for (index, merge) in merges.iter().enumerate() {
+        let bad = |reason: String| TokenizerError::BadMerge {
+            index,
+            merge: merge.clone(),
+            reason,
+        };
+        // Split at the first space after the first character (llama.cpp searches from
+        // index 1, so a left side of " " would survive).
+        let first_len = merge.chars().next().map_or(0, char::len_utf8);
+        let space = merge[first_len..]
+            .find(' ')
+            .map(|p| p + first_len)
+            .ok_or_else(|| bad("no space between the two tokens".to_string()))?;
+        let (left, right) = (&merge[..space], &merge[space + 1..]);
+        let id_of = |t: &str| {
+            token_to_id
+                .get(t)
+                .copied()
+                .ok_or_else(|| bad(format!("{t:?} is not a token")))
+        };
+        let (l, r) = (id_of(left)?, id_of(right)?);
+        let merged = id_of(&format!("{left}{right}"))?;
+        let rank = u32::try_from(index).map_err(|_| bad("rank exceeds u32".to_string()))?;
+        table.insert(l, r, rank, merged);
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A toy vocabulary: the 256 byte chars, then merged tokens and two specials.
+    fn toy() -> Tokenizer {
+        let map = ByteMap::new();
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| map.char_of(b).to_string()).collect();
+        let extra = ["Ġh", "Ġhi", "hi", "<|im_end|>", "<|x|>"];
+        tokens.extend(extra.iter().map(|s| s.to_string()));
+        let mut types = vec![TokenType::Normal; tokens.len()];
+        let n = types.len();
+        types[n - 2] = TokenType::Control;
+        types[n - 1] = TokenType::UserDefined;
+        Tokenizer::new(TokenizerSpec {
+            tokens,
+            token_types: types,
+            merges: vec!["Ġ h".into(), "Ġh i".into(), "h i".into()],
+            pre: PreTokenizerKind::Gpt2,
+            bos: None,
+            eos: Some(256 + 3),
+            eot: None,
+            eom: None,
+            add_bos: false,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn encodes_merges_and_specials() {
+        let t = toy();
+        let im_end = t.token_id("<|im_end|>").unwrap();
+        let x = t.token_id("<|x|>").unwrap();
+        let ids = t.encode("hi hi<|im_end|>!<|x|>");
+        assert_eq!(
+            ids,
+            [
+                t.token_id("hi").unwrap(),
+                t.token_id("Ġhi").unwrap(),
+                im_end,
+                t.token_id("!").unwrap(),
+                x
+            ]
+        );
+        assert_eq!(t.decode(&ids).unwrap(), "hi hi<|im_end|>!<|x|>");
+        assert!(t.is_stop(im_end));
+        assert!(!t.is_stop(x));
+    }
+
+    #[test]
+    fn unknown_ids_and_bad_merges_are_errors() {
+        let t = toy();
+        let n = t.vocab_size() as u32;
+        assert!(matches!(
+            t.decode(&[0, n]),
+            Err(TokenizerError::UnknownId { id, vocab_size }) if id == n && vocab_size == n as usize
+        ));
+        let spec = TokenizerSpec {
+            tokens: vec!["a".into(), "b".into()],
+            token_types: vec![],
+            merges: vec!["a b".into()],
+            pre: PreTokenizerKind::Gpt2,
+            bos: None,
+            eos: None,
+            eot: None,
+            eom: None,
+            add_bos: false,
+        };
+        let err = Tokenizer::new(spec).unwrap_err();
+        assert!(err.to_string().contains("\"ab\" is not a token"), "{err}");
+    }
+
+    #[test]
+    fn tokenizer_and_template_can_be_shared_across_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Tokenizer>();
+        shareable::<ChatTemplate>();
+    }
+
+    #[test]
+    fn byte_tokens_decode_to_their_byte() {
+        assert_eq!(parse_byte_token("<0x0A>"), Some(b'\n'));
+        assert_eq!(parse_byte_token("<0x0A"), None);
+        assert_eq!(parse_byte_token("<0xZZ>"), None);
+    }
+}

@@ -1,0 +1,422 @@
+//! One input set per kernel, built from a seed, that any backend can run and the f64
+//! oracle can answer. The three suites differ only in what they compare:
+//! `scalar_reference.rs` (scalar vs oracle), `conformance.rs` (backend vs scalar within
+//! the oracle's bound), `rayon_bitwise.rs` (rayon vs inner, bit for bit).
+
+use super::oracle::{self, Bounded};
+use super::{Matrix, Rng};
+use kvcore::backend::{AttnShape, Backend, DType, Rope, RopeStyle};
+
+/// A kernel call with fixed inputs.
+pub trait Case {
+    /// A label for failure messages (kernel and shape).
+    fn label(&self) -> String;
+    /// The outputs of `b` on these inputs (shape errors panic: cases are well formed).
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32>;
+    /// The exact outputs and error bounds.
+    fn oracle(&self) -> Vec<Bounded>;
+}
+
+/// `y ← W x`.
+pub struct Gemv {
+    pub m: Matrix,
+    pub x: Vec<f32>,
+}
+
+impl Gemv {
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let x = rng.values(cols);
+        Gemv { m, x }
+    }
+}
+
+impl Case for Gemv {
+    fn label(&self) -> String {
+        format!("gemv {} [{}, {}]", self.m.dtype, self.m.rows, self.m.cols)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.m.rows];
+        b.gemv(&self.m.weights(), &self.x, &mut y)
+            .expect("gemv shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemv(&self.m, &self.x)
+    }
+}
+
+/// `Y ← X Wᵀ`.
+pub struct Gemm {
+    pub m: Matrix,
+    pub n: usize,
+    pub x: Vec<f32>,
+}
+
+impl Gemm {
+    /// `cols` must be positive.
+    pub fn new(dtype: DType, rows: usize, cols: usize, n: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let x = rng.values(n * cols);
+        Gemm { m, n, x }
+    }
+
+    /// Row `t` of `Y` computed by `b.gemv` on row `t` of `X`.
+    pub fn run_as_gemv<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.n * self.m.rows];
+        for (xt, yt) in self
+            .x
+            .chunks_exact(self.m.cols)
+            .zip(y.chunks_exact_mut(self.m.rows.max(1)))
+        {
+            b.gemv(&self.m.weights(), xt, yt).expect("gemv shapes");
+        }
+        y
+    }
+}
+
+impl Case for Gemm {
+    fn label(&self) -> String {
+        let (t, r, c) = (self.m.dtype, self.m.rows, self.m.cols);
+        format!("gemm {t} [{r}, {c}] x [{}, {c}]", self.n)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.n * self.m.rows];
+        b.gemm(&self.m.weights(), &self.x, &mut y)
+            .expect("gemm shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemm(&self.m, &self.x)
+    }
+}
+
+/// `out ← W[row]`.
+pub struct Embed {
+    pub m: Matrix,
+    pub row: usize,
+}
+
+impl Embed {
+    /// `rows` must be positive.
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let row = rng.below(rows);
+        Embed { m, row }
+    }
+}
+
+impl Case for Embed {
+    fn label(&self) -> String {
+        let (t, r, c) = (self.m.dtype, self.m.rows, self.m.cols);
+        format!("embed_row {t} [{r}, {c}] row {}", self.row)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.m.cols];
+        b.embed_row(&self.m.weights(), self.row, &mut out)
+            .expect("embed shapes");
+        out
+    }
+    /// Decoding is exact: bound 0.
+    fn oracle(&self) -> Vec<Bounded> {
+        self.m
+            .row(self.row)
+            .iter()
+            .map(|d| Bounded {
+                value: d.value,
+                bound: 0.0,
+            })
+            .collect()
+    }
+}
+
+/// RoPE in place on `[positions.len(), n_heads, head_dim]`.
+pub struct RopeCase {
+    pub x: Vec<f32>,
+    pub head_dim: usize,
+    pub positions: Vec<usize>,
+    pub rope: Rope,
+}
+
+impl RopeCase {
+    pub fn new(
+        head_dim: usize,
+        n_heads: usize,
+        positions: Vec<usize>,
+        base: f32,
+        style: RopeStyle,
+        seed: u64,
+    ) -> Self {
+        let x = Rng::new(seed).uniform(positions.len() * n_heads * head_dim, 2.0);
+        RopeCase {
+            x,
+            head_dim,
+            positions,
+            rope: Rope { base, style },
+        }
+    }
+}
+
+impl Case for RopeCase {
+    fn label(&self) -> String {
+        format!(
+            "rope {:?} base {} head_dim {} x {} positions {:?}",
+            self.rope.style,
+            self.rope.base,
+            self.head_dim,
+            self.x.len(),
+            self.positions
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut x = self.x.clone();
+        b.rope(&mut x, self.head_dim, &self.positions, &self.rope)
+            .expect("rope shapes");
+        x
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::rope(&self.x, self.head_dim, &self.positions, &self.rope)
+    }
+}
+
+/// One attention head.
+pub struct AttendHead {
+    pub q: Vec<f32>,
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub n_keys: usize,
+    pub kv_dim: usize,
+    pub kv_head: usize,
+    pub scale: f32,
+}
+
+impl AttendHead {
+    pub fn new(head_dim: usize, n_kv_heads: usize, n_keys: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let kv_dim = n_kv_heads * head_dim;
+        AttendHead {
+            q: rng.uniform(head_dim, 2.0),
+            keys: rng.uniform(n_keys * kv_dim, 2.0),
+            values: rng.values(n_keys * kv_dim),
+            n_keys,
+            kv_dim,
+            kv_head: rng.below(n_kv_heads),
+            scale: rng.range(0.1, 1.5),
+        }
+    }
+}
+
+impl Case for AttendHead {
+    fn label(&self) -> String {
+        format!(
+            "attend_head hd {} n_keys {} kv_dim {} kv_head {} scale {}",
+            self.q.len(),
+            self.n_keys,
+            self.kv_dim,
+            self.kv_head,
+            self.scale
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.q.len()];
+        b.attend_head(
+            &self.q,
+            &self.keys,
+            &self.values,
+            self.n_keys,
+            self.kv_dim,
+            self.kv_head,
+            self.scale,
+            &mut out,
+        )
+        .expect("attend_head shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::attend_head(
+            &self.q,
+            &self.keys,
+            &self.values,
+            self.n_keys,
+            self.kv_dim,
+            self.kv_head,
+            self.scale,
+        )
+    }
+}
+
+/// Causal GQA attention of a layer.
+pub struct Attention {
+    pub q: Vec<f32>,
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub shape: AttnShape,
+}
+
+impl Attention {
+    /// `n_keys = pos0 + n_new + extra` cached rows.
+    pub fn new(shape: AttnShape, n_new: usize, extra: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let kv_dim = shape.n_kv_heads * shape.head_dim;
+        let n_keys = shape.pos0 + n_new + extra;
+        Attention {
+            q: rng.uniform(n_new * shape.n_heads * shape.head_dim, 2.0),
+            keys: rng.uniform(n_keys * kv_dim, 2.0),
+            values: rng.values(n_keys * kv_dim),
+            shape,
+        }
+    }
+}
+
+impl Case for Attention {
+    fn label(&self) -> String {
+        format!("attention {:?} q {}", self.shape, self.q.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.q.len()];
+        b.attention(&self.q, &self.keys, &self.values, &mut out, &self.shape)
+            .expect("attention shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::attention(&self.q, &self.keys, &self.values, &self.shape)
+    }
+}
+
+/// RMSNorm of `[n, d]`.
+pub struct RmsNorm {
+    pub x: Vec<f32>,
+    pub weight: Vec<f32>,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(n: usize, d: usize, eps: f32, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        RmsNorm {
+            x: rng.values(n * d),
+            weight: rng.uniform(d, 2.0),
+            eps,
+        }
+    }
+}
+
+impl Case for RmsNorm {
+    fn label(&self) -> String {
+        format!(
+            "rms_norm [{}, {}] eps {}",
+            self.x.len() / self.weight.len(),
+            self.weight.len(),
+            self.eps
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.x.len()];
+        b.rms_norm(&self.x, &self.weight, self.eps, &mut out)
+            .expect("rms_norm shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::rms_norm(&self.x, &self.weight, self.eps)
+    }
+}
+
+/// SwiGLU; gates up to `±gate_scale` (beyond ±88 `e^(−g)` overflows f32).
+pub struct Swiglu {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+}
+
+impl Swiglu {
+    pub fn new(len: usize, gate_scale: f32, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        Swiglu {
+            gate: rng.uniform(len, gate_scale),
+            up: rng.values(len),
+        }
+    }
+}
+
+impl Case for Swiglu {
+    fn label(&self) -> String {
+        format!("swiglu len {}", self.gate.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.gate.len()];
+        b.swiglu(&self.gate, &self.up, &mut out)
+            .expect("swiglu shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::swiglu(&self.gate, &self.up)
+    }
+}
+
+/// Residual add.
+pub struct Add {
+    pub acc: Vec<f32>,
+    pub x: Vec<f32>,
+}
+
+impl Add {
+    pub fn new(len: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        Add {
+            acc: rng.values(len),
+            x: rng.values(len),
+        }
+    }
+}
+
+impl Case for Add {
+    fn label(&self) -> String {
+        format!("add len {}", self.acc.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut acc = self.acc.clone();
+        b.add(&mut acc, &self.x).expect("add shapes");
+        acc
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::add(&self.acc, &self.x)
+    }
+}
+
+/// Softmax of one row; `masked` of the entries are `−∞` (all of them when
+/// `masked ≥ len`).
+pub struct Softmax {
+    pub x: Vec<f32>,
+}
+
+impl Softmax {
+    pub fn new(len: usize, scale: f32, masked: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let mut x = rng.uniform(len, scale);
+        for _ in 0..masked.min(len) {
+            let i = rng.below(len);
+            x[i] = f32::NEG_INFINITY;
+        }
+        if masked >= len {
+            x.fill(f32::NEG_INFINITY);
+        }
+        Softmax { x }
+    }
+}
+
+impl Case for Softmax {
+    fn label(&self) -> String {
+        let masked = self.x.iter().filter(|v| v.is_infinite()).count();
+        format!("softmax len {} masked {masked}", self.x.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut x = self.x.clone();
+        b.softmax(&mut x);
+        x
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::softmax(&self.x)
+    }
+}

@@ -1,0 +1,114 @@
+//! Golden tests against the independent float64 reference (`../shared/reference`):
+//! logits at every position within 0.01 of the reference, through the batched prefill path
+//! and through the one-token decode path, and the greedy continuations reproduced exactly,
+//! for every backend.
+//!
+//! Tolerance: the reference README states that a float32 engine with exactly dequantised
+//! weights lands within about 1e-4 and that every listed logit within 0.01 is what a
+//! correct engine meets; the smallest top-1 margin in the set is 0.05, so 0.01 also
+//! guarantees the same greedy choices.
+
+mod common;
+
+use common::*;
+use kvcore::model::{Logits, Sampler, Sampling, generate};
+use kvcore::{Backend, GrowKv};
+use serde_json::Value;
+
+const TOL: f32 = 0.01;
+const EOS_IM_END: u32 = 2;
+
+/// Checks one row of our logits against the reference entry of position `pos`.
+fn check_row(name: &str, path: &str, ours: &[f32], reference: &Value) -> f32 {
+    let pos = reference["pos"].as_u64().unwrap();
+    let mut worst = 0.0f32;
+    for pair in reference["top"].as_array().unwrap() {
+        let id = pair[0].as_u64().unwrap() as usize;
+        let want = pair[1].as_f64().unwrap() as f32;
+        let diff = (ours[id] - want).abs();
+        assert!(
+            diff <= TOL,
+            "{name} ({path}) position {pos} token {id}: logit {} vs reference {want} (|diff| {diff} > {TOL})",
+            ours[id]
+        );
+        worst = worst.max(diff);
+    }
+    worst
+}
+
+struct Golden;
+
+impl PerBackend for Golden {
+    fn run<B: Backend>(&self, backend: B) {
+        let model = load_smollm2(backend);
+        let c = model.config().clone();
+        let backend_name = model.backend().name();
+        let mut worst = 0.0f32;
+        for prompt in reference_logits() {
+            let name = prompt["name"].as_str().unwrap();
+            let prompt_ids = ids(&prompt["prompt_ids"]);
+            let greedy_ids = ids(&prompt["greedy_ids"]);
+            let positions = prompt["positions"].as_array().unwrap();
+            let all: Vec<u32> = prompt_ids.iter().chain(&greedy_ids).copied().collect();
+            assert_eq!(positions.len(), all.len());
+
+            // Prefill path: every position in one batched pass.
+            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let logits = model.forward(&mut kv, &all, Logits::All).unwrap();
+            assert_eq!(logits.dim(), (all.len(), c.vocab_size));
+            for (p, reference) in positions.iter().enumerate() {
+                let row = logits.row(p);
+                worst = worst.max(check_row(
+                    name,
+                    "prefill",
+                    row.as_slice().unwrap(),
+                    reference,
+                ));
+            }
+
+            // Decode path: the prompt, then one token at a time.
+            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut last = model.forward(&mut kv, &prompt_ids, Logits::Last).unwrap();
+            let n_prompt = prompt_ids.len();
+            for (i, &id) in greedy_ids.iter().enumerate() {
+                let reference = &positions[n_prompt - 1 + i];
+                check_row(name, "decode", last.row(0).as_slice().unwrap(), reference);
+                last = model.forward(&mut kv, &[id], Logits::Last).unwrap();
+            }
+
+            // Greedy generation through the sampler and stop rule.
+            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
+            let g = generate(
+                &model,
+                &mut kv,
+                &prompt_ids,
+                24,
+                &mut sampler,
+                |id| id == EOS_IM_END,
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(
+                g.tokens, greedy_ids,
+                "{name}: greedy continuation ({backend_name})"
+            );
+        }
+        eprintln!("{backend_name}: worst |logit - reference| over all prompts: {worst:.2e}");
+    }
+}
+
+#[test]
+fn golden_scalar() {
+    with_backend("scalar", &Golden);
+}
+
+#[test]
+fn golden_simd() {
+    with_backend("simd", &Golden);
+}
+
+#[test]
+fn golden_rayon() {
+    with_backend("rayon", &Golden);
+}

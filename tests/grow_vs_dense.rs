@@ -1,0 +1,284 @@
+//! Grow vs dense, end to end: the same model driven through `GrowKv` and `DenseKv` gives
+//! bitwise-identical logits at every step, for every backend — on random tiny models
+//! (property test) and on SmolLM2 for a 300-token greedy generation. Also the context
+//! limit: running past `max_ctx` is a clean error that keeps what was generated.
+
+mod common;
+
+use common::*;
+use kvcore::gguf::GgufFile;
+use kvcore::model::generate::GenerateError;
+use kvcore::model::tiny::TinyLlama;
+use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};
+use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore};
+use ndarray::Array2;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+fn bits(a: &Array2<f32>) -> Vec<u32> {
+    a.iter().map(|v| v.to_bits()).collect()
+}
+
+/// One random scenario: a tiny model, a prompt, chunk sizes and decode steps.
+#[derive(Clone, Debug)]
+struct Case {
+    model: TinyLlama,
+    initial_cap: usize,
+    prompt: Vec<u32>,
+    /// The prompt is fed in chunks of these sizes (cycled), then `decode` greedy steps.
+    chunks: Vec<usize>,
+    decode: usize,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let dtypes = prop::sample::select(DType::ALL.to_vec());
+    (
+        1usize..=3,
+        1usize..=3,
+        1usize..=4,
+        dtypes,
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_flat_map(|(n_layers, n_kv_heads, group, dtype, seed, untied)| {
+            let n_heads = n_kv_heads * group; // odd head counts arise from odd n_kv_heads
+            // d_model must be a multiple of 32 for the block formats.
+            // (float formats get small odd-width models: d_model = 6 · n_heads).
+            let head_dim = if dtype.block_len() == 32 { 32 } else { 6 };
+            let model = TinyLlama {
+                n_layers,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                ffn_dim: if dtype.block_len() == 32 { 64 } else { 40 },
+                vocab_size: 96,
+                context_len: 160,
+                dtype,
+                seed,
+                untied_output: untied,
+            };
+            (
+                Just(model),
+                1usize..=70,
+                prop::collection::vec(0u32..96, 60..140),
+                prop::collection::vec(1usize..=48, 1..4),
+                0usize..12,
+            )
+        })
+        .prop_map(|(model, initial_cap, prompt, chunks, decode)| Case {
+            model,
+            initial_cap,
+            prompt,
+            chunks,
+            decode,
+        })
+}
+
+/// Feeds the case to one model with both stores in lockstep and compares bits.
+fn run_case<B: Backend>(model: &Llama<B>, case: &Case) -> Result<(), TestCaseError> {
+    let c = model.config();
+    let max_ctx = c.context_len;
+    let mut grow =
+        GrowKv::with_initial_capacity(c.n_layers, c.kv_dim(), max_ctx, case.initial_cap).unwrap();
+    let mut dense = DenseKv::new(c.n_layers, c.kv_dim(), max_ctx).unwrap();
+    let mut fed = 0;
+    let mut last = None;
+    for (i, size) in case.chunks.iter().cycle().enumerate() {
+        if fed >= case.prompt.len() {
+            break;
+        }
+        let end = (fed + size).min(case.prompt.len());
+        let chunk = &case.prompt[fed..end];
+        let a = model.forward(&mut grow, chunk, Logits::All).unwrap();
+        let b = model.forward(&mut dense, chunk, Logits::All).unwrap();
+        prop_assert_eq!(bits(&a), bits(&b), "prefill chunk {} at {}", i, fed);
+        prop_assert!(a.iter().all(|v| v.is_finite()), "non-finite logits");
+        fed = end;
+        last = Some(a);
+    }
+    let mut logits = last.unwrap();
+    for step in 0..case.decode {
+        let row = logits.row(logits.nrows() - 1);
+        let id = Sampler::new(Sampling::Greedy)
+            .unwrap()
+            .sample(row.as_slice().unwrap())
+            .unwrap();
+        let a = model.forward(&mut grow, &[id], Logits::Last).unwrap();
+        let b = model.forward(&mut dense, &[id], Logits::Last).unwrap();
+        prop_assert_eq!(bits(&a), bits(&b), "decode step {}", step);
+        logits = a;
+    }
+    prop_assert_eq!(grow.seq_len(), dense.seq_len());
+    prop_assert!(grow.bytes() <= dense.bytes());
+    Ok(())
+}
+
+struct TinyProperty;
+
+impl PerBackend for TinyProperty {
+    fn run<B: Backend>(&self, backend: B) {
+        let mut runner = TestRunner::new_with_rng(
+            Config {
+                cases: 24,
+                failure_persistence: None,
+                ..Config::default()
+            },
+            proptest::test_runner::TestRng::deterministic_rng(
+                proptest::test_runner::RngAlgorithm::ChaCha,
+            ),
+        );
+        let backend = &backend;
+        runner
+            .run(&case(), |case| {
+                let file = GgufFile::from_bytes(case.model.to_gguf()).unwrap();
+                let model = Llama::load(file, backend).unwrap();
+                run_case(&model, &case)
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn tiny_models_grow_equals_dense_scalar() {
+    with_backend("scalar", &TinyProperty);
+}
+
+#[test]
+fn tiny_models_grow_equals_dense_simd() {
+    with_backend("simd", &TinyProperty);
+}
+
+#[test]
+fn tiny_models_grow_equals_dense_rayon() {
+    with_backend("rayon", &TinyProperty);
+}
+
+/// SmolLM2, 300 greedy tokens after a short prompt: bitwise-identical logits at every step.
+#[test]
+fn smollm2_300_tokens_grow_equals_dense() {
+    struct Job;
+    impl PerBackend for Job {
+        fn run<B: Backend>(&self, backend: B) {
+            let model = load_smollm2(backend);
+            let c = model.config().clone();
+            let mut grow = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut dense = DenseKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let prompt = ids(&reference_logits()[0]["prompt_ids"]);
+            let mut a = model.forward(&mut grow, &prompt, Logits::Last).unwrap();
+            let b = model.forward(&mut dense, &prompt, Logits::Last).unwrap();
+            assert_eq!(bits(&a), bits(&b), "prefill");
+            let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
+            for step in 0..300 {
+                let id = sampler.sample(a.row(0).as_slice().unwrap()).unwrap();
+                a = model.forward(&mut grow, &[id], Logits::Last).unwrap();
+                let b = model.forward(&mut dense, &[id], Logits::Last).unwrap();
+                assert_eq!(bits(&a), bits(&b), "decode step {step}");
+            }
+            assert_eq!(grow.seq_len(), prompt.len() + 300);
+            // 305 positions: capacity grew 64 -> 128 -> 256 -> 512, far below dense.
+            assert_eq!(grow.capacity(), 512);
+            assert!(
+                grow.bytes() * 16 == dense.bytes(),
+                "512 of 8192 positions resident"
+            );
+        }
+    }
+    with_backend("rayon", &Job);
+}
+
+fn tiny_model<B: Backend>(backend: B, context_len: usize) -> Llama<B> {
+    let spec = TinyLlama {
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        ffn_dim: 64,
+        vocab_size: 64,
+        context_len,
+        dtype: DType::F32,
+        seed: 7,
+        untied_output: false,
+    };
+    Llama::load(GgufFile::from_bytes(spec.to_gguf()).unwrap(), backend).unwrap()
+}
+
+/// Generation that runs into `max_ctx` stops with `ContextOverflow` and keeps its tokens;
+/// the cache keeps exactly the positions that were computed.
+#[test]
+fn context_overflow_is_an_error_with_partial_output() {
+    let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
+    let c = model.config().clone();
+    let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), 20).unwrap();
+    let prompt: Vec<u32> = (0..12).collect();
+    let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
+    let mut streamed = Vec::new();
+    let err = generate(
+        &model,
+        &mut kv,
+        &prompt,
+        50,
+        &mut sampler,
+        |_| false,
+        |id| streamed.push(id),
+    )
+    .unwrap_err();
+    let GenerateError { source, partial } = *err;
+    assert!(
+        matches!(
+            source,
+            ModelError::Kv(KvError::ContextOverflow {
+                pos: 20,
+                max_ctx: 20
+            })
+        ),
+        "{source}"
+    );
+    // 12 prompt positions + 8 decoded = 20 positions; the 9th generated token has no room.
+    assert_eq!(partial.tokens.len(), 9);
+    assert_eq!(partial.tokens, streamed);
+    assert_eq!(kv.seq_len(), 20);
+    assert_eq!(partial.stats.kv_capacity, 20);
+}
+
+/// A prompt longer than the context fails before touching the cache.
+#[test]
+fn prompt_longer_than_context_leaves_cache_untouched() {
+    let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
+    let c = model.config().clone();
+    let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), 8).unwrap();
+    let err = model.forward(&mut kv, &[1; 9], Logits::Last).unwrap_err();
+    assert!(matches!(
+        err,
+        ModelError::Kv(KvError::ContextOverflow { pos: 8, max_ctx: 8 })
+    ));
+    assert_eq!(kv.seq_len(), 0);
+    let err = model.forward(&mut kv, &[64], Logits::Last).unwrap_err();
+    assert!(matches!(
+        err,
+        ModelError::TokenOutOfRange {
+            id: 64,
+            vocab_size: 64
+        }
+    ));
+}
+
+/// `max_new = 0` processes the prompt only.
+#[test]
+fn zero_new_tokens_fills_the_cache_only() {
+    let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
+    let c = model.config().clone();
+    let mut kv = DenseKv::new(c.n_layers, c.kv_dim(), 64).unwrap();
+    let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
+    let g = generate(
+        &model,
+        &mut kv,
+        &[1, 2, 3],
+        0,
+        &mut sampler,
+        |_| false,
+        |_| {},
+    )
+    .unwrap();
+    assert!(g.tokens.is_empty());
+    assert_eq!(kv.seq_len(), 3);
+}

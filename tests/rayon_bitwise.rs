@@ -1,0 +1,175 @@
+//! The rayon backend against its inner backend: bit for bit equal outputs (compared with
+//! `to_bits`) at 1, 2 and 3 threads, for every kernel. The inputs span the serial and
+//! parallel sides of every size threshold: SmolLM2's projections as GEMV and GEMM, the
+//! `[49152, 576]` output GEMV, prefill and decode attention with GQA (9 query heads over
+//! 3 KV heads), batched RMSNorm / SwiGLU / add / RoPE, and proptest sweeps over odd
+//! sizes. Instantiated for the scalar and the SIMD inner backends.
+
+mod backend_support;
+
+use backend_support::cases::{
+    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+};
+use backend_support::{bits, strategy::*};
+use kvcore::backend::{AttnShape, Backend, DType, RopeStyle};
+use kvcore_rayon::{Rayon, RayonError};
+use kvcore_scalar::Scalar;
+use kvcore_simd::Simd;
+use proptest::prelude::*;
+
+/// Thread counts every case runs at.
+const THREADS: [usize; 3] = [1, 2, 3];
+
+/// `case` on each pool bit for bit equal to `case` on `inner`.
+fn same_bits<B: Backend>(inner: &B, pools: &[Rayon<B>], case: &impl Case) {
+    let want = bits(&case.run(inner));
+    for pool in pools {
+        let got = bits(&case.run(pool));
+        assert!(
+            got == want,
+            "rayon at {} threads differs from {}: {}",
+            pool.threads(),
+            inner.name(),
+            case.label()
+        );
+    }
+}
+
+/// SmolLM2 attention geometry: 9 query heads over 3 KV heads of 64.
+const SMOLLM2_ATTN: AttnShape = AttnShape {
+    n_heads: 9,
+    n_kv_heads: 3,
+    head_dim: 64,
+    pos0: 0,
+};
+
+fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
+    for dtype in DType::ALL {
+        for (k, (rows, cols)) in [(576, 576), (192, 576), (1536, 576), (576, 1536)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 0x600d + k as u64;
+            same_bits(inner, pools, &Gemv::new(dtype, rows, cols, seed));
+            for n in [1, 7] {
+                same_bits(inner, pools, &Gemm::new(dtype, rows, cols, n, seed));
+            }
+        }
+    }
+    same_bits(inner, pools, &Gemv::new(DType::Q8_0, 49152, 576, 0xb16));
+}
+
+fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
+    // Decode (one new row after 300 cached) and prefill (64 rows, causal).
+    let decode = AttnShape {
+        pos0: 300,
+        ..SMOLLM2_ATTN
+    };
+    same_bits(inner, pools, &Attention::new(decode, 1, 0, 0xa1));
+    same_bits(inner, pools, &Attention::new(SMOLLM2_ATTN, 64, 3, 0xa2));
+    same_bits(inner, pools, &AttendHead::new(64, 3, 301, 0xa3));
+    same_bits(inner, pools, &RmsNorm::new(64, 576, 1e-5, 0xb1));
+    same_bits(inner, pools, &RmsNorm::new(1, 576, 1e-5, 0xb2));
+    for len in [576, 1536, 64 * 1536 + 17, 300_007] {
+        same_bits(inner, pools, &Swiglu::new(len, 20.0, 0xc1));
+        same_bits(inner, pools, &Add::new(len, 0xc2));
+    }
+    for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+        let positions: Vec<usize> = (8150..8214).collect();
+        same_bits(
+            inner,
+            pools,
+            &RopeCase::new(64, 9, positions, 100_000.0, style, 0xd1),
+        );
+        same_bits(
+            inner,
+            pools,
+            &RopeCase::new(64, 3, vec![5], 100_000.0, style, 0xd2),
+        );
+    }
+    same_bits(inner, pools, &Softmax::new(8192, 10.0, 3, 0xe1));
+    same_bits(inner, pools, &Embed::new(DType::Q8_0, 64, 576, 0xe2));
+}
+
+#[test]
+fn zero_threads_is_an_error() {
+    assert!(matches!(
+        Rayon::new(Scalar::new(), 0),
+        Err(RayonError::ZeroThreads)
+    ));
+}
+
+#[test]
+fn reports_name_and_threads() {
+    for t in THREADS {
+        let r = Rayon::new(Scalar::new(), t).expect("pool");
+        assert_eq!((r.name(), r.threads()), ("rayon", t));
+    }
+}
+
+macro_rules! bitwise_suite {
+    ($module:ident, $inner:ty, $make:expr) => {
+        mod $module {
+            use super::*;
+            use std::sync::LazyLock;
+
+            static INNER: LazyLock<$inner> = LazyLock::new(|| $make);
+            static POOLS: LazyLock<Vec<Rayon<$inner>>> = LazyLock::new(|| {
+                THREADS
+                    .iter()
+                    .map(|&t| Rayon::new($make, t).expect("thread pool"))
+                    .collect()
+            });
+
+            #[test]
+            fn model_matmul() {
+                super::model_matmul(&*INNER, &POOLS);
+            }
+
+            #[test]
+            fn model_ops() {
+                super::model_ops(&*INNER, &POOLS);
+            }
+
+            proptest! {
+                #![proptest_config(config(24))]
+
+                #[test]
+                fn gemv_gemm(
+                    (dtype, cols) in dtype_cols(), rows in prop_oneof![dim(), 100usize..1200],
+                    n in 0usize..5, seed in any::<u64>()
+                ) {
+                    same_bits(&*INNER, &POOLS, &Gemv::new(dtype, rows, cols, seed));
+                    let cols = cols.max(dtype.block_len());
+                    same_bits(&*INNER, &POOLS, &Gemm::new(dtype, rows, cols, n, seed));
+                }
+
+                #[test]
+                fn attention(
+                    head_dim in head_dim(), n_kv in 1usize..4, group in 1usize..4,
+                    pos0 in 0usize..200, n_new in 0usize..20, seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    same_bits(&*INNER, &POOLS, &Attention::new(shape, n_new, 0, seed));
+                }
+
+                #[test]
+                fn elementwise(
+                    len in prop_oneof![dim(), 30_000usize..70_000, 260_000usize..300_000], d in dim1(),
+                    head_dim in head_dim_even(), seed in any::<u64>()
+                ) {
+                    same_bits(&*INNER, &POOLS, &Swiglu::new(len, 20.0, seed));
+                    same_bits(&*INNER, &POOLS, &Add::new(len, seed));
+                    same_bits(&*INNER, &POOLS, &RmsNorm::new(len / d, d, 1e-5, seed));
+                    let positions: Vec<usize> = (0..len / (4 * head_dim)).collect();
+                    same_bits(&*INNER, &POOLS, &RopeCase::new(
+                        head_dim, 4, positions, 10_000.0, RopeStyle::Halves, seed,
+                    ));
+                }
+            }
+        }
+    };
+}
+
+bitwise_suite!(scalar, Scalar, Scalar::new());
+bitwise_suite!(simd, Simd, Simd::new());

@@ -1,0 +1,240 @@
+//! Golden tests of the tokenizer on the real SmolLM2-135M-Instruct file, against
+//! llama.cpp's tokenization and the reference prompts in /work/shared/reference
+//! (`tokenizer.jsonl`, `logits.json`; see the README there). A failure prints the text,
+//! the expected ids and the actual ids.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use kvcore::gguf::GgufFile;
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use serde_json::Value;
+
+fn model_path() -> PathBuf {
+    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+}
+
+const REFERENCE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/reference/smollm2-135m-instruct-q4_1"
+);
+
+/// The model file, opened once for all tests.
+fn file() -> &'static GgufFile {
+    static FILE: OnceLock<GgufFile> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = model_path();
+        GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
+    })
+}
+
+fn tokenizer() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| Tokenizer::from_gguf(file()).expect("tokenizer from the SmolLM2 file"))
+}
+
+fn read_reference(name: &str) -> String {
+    let path = format!("{REFERENCE}/{name}");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference file {path}: {e}"))
+}
+
+fn ids_of(v: &Value, what: &str) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("{what} is not an array"))
+        .iter()
+        .map(|x| {
+            let id = x.as_u64().unwrap_or_else(|| panic!("{what} holds {x}"));
+            u32::try_from(id).expect("ids fit u32")
+        })
+        .collect()
+}
+
+/// `(text, ids)` for every line of tokenizer.jsonl.
+fn tokenizer_cases() -> Vec<(String, Vec<u32>)> {
+    let cases: Vec<_> = read_reference("tokenizer.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).expect("tokenizer.jsonl line is JSON");
+            let text = v["text"].as_str().expect("line has a text").to_string();
+            (text, ids_of(&v["ids"], "ids"))
+        })
+        .collect();
+    assert!(
+        cases.len() >= 30,
+        "tokenizer.jsonl has only {} lines",
+        cases.len()
+    );
+    cases
+}
+
+/// The prompts of logits.json.
+fn prompts() -> Vec<Value> {
+    let v: Value = serde_json::from_str(&read_reference("logits.json")).expect("logits.json");
+    let prompts = v.as_array().expect("logits.json is a list").clone();
+    assert!(!prompts.is_empty(), "logits.json has no prompts");
+    prompts
+}
+
+/// Asserts that encoding each `(text, ids)` gives `ids`, listing every mismatch.
+fn check_encodings<'a>(cases: impl IntoIterator<Item = (&'a str, Vec<u32>)>) {
+    let t = tokenizer();
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for (text, expected) in cases {
+        n += 1;
+        let actual = t.encode(text);
+        if actual != expected {
+            failures.push(format!(
+                "text {text:?}\n  expected {expected:?}\n  actual   {actual:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {n} encodings differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn encode_matches_llama_cpp_on_every_reference_line() {
+    let cases = tokenizer_cases();
+    check_encodings(cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())));
+}
+
+#[test]
+fn decode_restores_every_reference_line() {
+    let t = tokenizer();
+    for (text, ids) in tokenizer_cases() {
+        let decoded = t.decode(&ids).expect("reference ids are in the vocabulary");
+        assert_eq!(decoded, text, "decoding {ids:?}");
+    }
+}
+
+#[test]
+fn rendered_prompts_encode_to_prompt_ids() {
+    let prompts = prompts();
+    check_encodings(prompts.iter().map(|p| {
+        let rendered = p["rendered"].as_str().expect("prompt has rendered text");
+        (rendered, ids_of(&p["prompt_ids"], "prompt_ids"))
+    }));
+}
+
+#[test]
+fn chat_template_reproduces_rendered_prompts() {
+    let template = ChatTemplate::from_gguf(file())
+        .expect("chat template compiles")
+        .expect("the SmolLM2 file has a chat template");
+    let mut chats = 0;
+    for p in prompts() {
+        if !p["chat"].as_bool().expect("prompt has a chat flag") {
+            continue;
+        }
+        chats += 1;
+        let text = p["text"].as_str().expect("prompt has a text");
+        let rendered = template
+            .render(&[ChatMessage::new("user", text)], true)
+            .expect("template renders");
+        assert_eq!(
+            rendered,
+            p["rendered"].as_str().unwrap(),
+            "chat prompt {text:?}"
+        );
+    }
+    assert!(chats > 0, "logits.json has no chat prompt");
+}
+
+#[test]
+fn greedy_ids_decode_to_greedy_text() {
+    let t = tokenizer();
+    for p in prompts() {
+        let name = p["name"].as_str().unwrap_or("?");
+        let ids = ids_of(&p["greedy_ids"], "greedy_ids");
+        let expected = p
+            .get("greedy_text")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("prompt {name} has no greedy_text"));
+        // Generation stops at a stop token and does not print it.
+        let end = ids
+            .iter()
+            .position(|&id| t.is_stop(id))
+            .unwrap_or(ids.len());
+        assert!(
+            end + 1 >= ids.len(),
+            "prompt {name}: a stop token before the end of {ids:?}"
+        );
+        let text = t
+            .decode(&ids[..end])
+            .expect("greedy ids are in the vocabulary");
+        assert_eq!(text, expected, "prompt {name}: decoding {ids:?}");
+
+        let mut stream = t.stream();
+        let mut streamed = String::new();
+        for &id in &ids[..end] {
+            streamed.push_str(&stream.push(id).expect("id in vocabulary"));
+        }
+        streamed.push_str(&stream.finish());
+        assert_eq!(streamed, expected, "prompt {name}: streaming {ids:?}");
+    }
+}
+
+#[test]
+fn special_tokens_follow_the_metadata() {
+    let t = tokenizer();
+    let f = file();
+    let meta_id = |key: &str| u32::try_from(f.get_u64(key).expect(key)).unwrap();
+    assert_eq!(
+        t.vocab_size(),
+        f.get_array("tokenizer.ggml.tokens").unwrap().len()
+    );
+    assert_eq!(t.bos_id(), Some(meta_id("tokenizer.ggml.bos_token_id")));
+    assert_eq!(t.eos_id(), Some(meta_id("tokenizer.ggml.eos_token_id")));
+    assert_eq!(
+        t.add_bos(),
+        f.get_bool("tokenizer.ggml.add_bos_token").unwrap()
+    );
+    for name in ["<|im_end|>", "<|endoftext|>"] {
+        let id = t
+            .token_id(name)
+            .unwrap_or_else(|| panic!("{name} is in the vocabulary"));
+        assert!(t.is_stop(id), "{name} stops generation");
+        assert_eq!(t.encode(name), [id]);
+        assert_eq!(t.decode(&[id]).unwrap(), name);
+    }
+    let im_start = t
+        .token_id("<|im_start|>")
+        .expect("<|im_start|> is in the vocabulary");
+    assert!(!t.is_stop(im_start));
+}
+
+#[test]
+fn encoding_is_fast_and_linear() {
+    let t = tokenizer();
+    let mut text = String::new();
+    for (line, _) in tokenizer_cases().iter().cycle() {
+        if text.len() >= 100_000 {
+            break;
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    let start = Instant::now();
+    let ids = t.encode(&text);
+    let elapsed = start.elapsed();
+    assert_eq!(t.decode(&ids).unwrap(), text);
+    // ~10 ms on one core; the bound only catches a quadratic or regex-backtracking blowup.
+    assert!(elapsed.as_secs_f64() < 2.0, "100 kB took {elapsed:?}");
+
+    let one_word = "a".repeat(50_000);
+    let start = Instant::now();
+    let ids = t.encode(&one_word);
+    assert!(
+        start.elapsed().as_secs_f64() < 2.0,
+        "a 50 kB word took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(t.decode(&ids).unwrap(), one_word);
+}
