@@ -109,10 +109,8 @@ def cmd_generate(a):
     decode = time.perf_counter() - decode_start
 
     # The prompt ids came from kvcore; check llama.cpp tokenizes their text back to them.
-    bos = s.llm.token_bos()
-    body = prompt[1:] if prompt[0] == bos else prompt
-    text = s.llm.detokenize(body, special=True)
-    roundtrip_ok = s.llm.tokenize(text, add_bos=False, special=True) == body
+    text = s.llm.detokenize(prompt, special=True)
+    roundtrip_ok = s.llm.tokenize(text, add_bos=False, special=True) == prompt
 
     json.dump(
         {

@@ -214,7 +214,12 @@ where
     chart.draw_series(
         Histogram::horizontal(&chart)
             .margin(6)
-            .style_func(|v, _| colour(&bars[n - 1 - v]).filled())
+            .style_func(|v, _| match v {
+                SegmentValue::Exact(i) | SegmentValue::CenterOf(i) if *i < n => {
+                    colour(&bars[n - 1 - i]).filled()
+                }
+                _ => BLACK.filled(),
+            })
             .data(bars.iter().enumerate().map(|(i, b)| (n - 1 - i, b.median))),
     )?;
     chart.draw_series(bars.iter().enumerate().map(|(i, b)| {

@@ -114,6 +114,7 @@ fn summarize(v: &kvcore::gguf::Value) -> String {
 }
 
 pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
+    let threads = threads(&a.model)?;
     let file = open(&model_path(&a.model.model)?)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&a.text);
@@ -128,7 +129,6 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
             Ok(model.embed(&self.ids)?)
         }
     }
-    let threads = threads(&a.model)?;
     let v = backends::dispatch(a.model.backend, threads, Embed { file, ids })?;
     println!("{}", serde_json::to_string(&v)?);
     Ok(ExitCode::SUCCESS)

@@ -25,8 +25,11 @@ enum Command {
     /// Generate text from a prompt.
     Generate(GenerateArgs),
     /// Print the token ids of TEXT (special tokens are parsed, no BOS is added).
+    // `[MODEL] TEXT`: one positional is TEXT, two are MODEL TEXT.
+    #[command(allow_missing_positional = true)]
     Tokenize(TokenizeArgs),
     /// Print the sentence embedding of TEXT (mean-pooled, L2-normalised).
+    #[command(allow_missing_positional = true)]
     Embed(EmbedArgs),
     /// Print a model's metadata and tensor table.
     Info(InfoArgs),

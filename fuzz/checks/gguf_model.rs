@@ -146,7 +146,10 @@ impl Description {
         let size = dims
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
-            .filter(|_| dims.first().is_none_or(|&c| c as usize % dtype.block_len() == 0))
+            .filter(|_| {
+                dims.first()
+                    .is_none_or(|&c| (c as usize).is_multiple_of(dtype.block_len()))
+            })
             .and_then(|_| {
                 let cols = dims.first().map_or(1, |&c| c as usize);
                 let rows: usize = dims.iter().skip(1).map(|&d| d as usize).product();
@@ -175,7 +178,11 @@ impl Description {
 /// Edits applied to the written bytes.
 enum Patch {
     /// Field `field` of tensor `tensor`'s info ← `value`.
-    Field { tensor: String, field: u8, value: u64 },
+    Field {
+        tensor: String,
+        field: u8,
+        value: u64,
+    },
     /// Byte `at` ← `value`, or truncation at `at` when `value` is 0xff.
     Byte { at: u16, value: u8 },
 }
@@ -209,9 +216,9 @@ fn patch_field(bytes: &mut [u8], name: &str, field: u8, value: u64) {
         return;
     };
     let after_name = start + needle.len();
-    let n_dims = bytes
-        .get(after_name..after_name + 4)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+    let n_dims = bytes.get(after_name..after_name + 4).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize
+    });
     let after_dims = after_name + 4 + 8 * n_dims;
     let (at, width) = match field % 6 {
         0 => (after_name, 4),
@@ -309,7 +316,11 @@ pub fn check_gguf_model(data: &[u8]) {
                 let (field, value) = (input.u8(), input.u64());
                 if let Some(t) = t {
                     let tensor = desc.tensors[t].0.clone();
-                    patches.push(Patch::Field { tensor, field, value });
+                    patches.push(Patch::Field {
+                        tensor,
+                        field,
+                        value,
+                    });
                 }
             }
             6 => {
@@ -330,7 +341,11 @@ pub fn check_gguf_model(data: &[u8]) {
     let mut bytes = desc.to_bytes();
     for patch in patches {
         match patch {
-            Patch::Field { tensor, field, value } => {
+            Patch::Field {
+                tensor,
+                field,
+                value,
+            } => {
                 patch_field(&mut bytes, &tensor, field, value);
             }
             Patch::Byte { at, value } => {
@@ -373,7 +388,10 @@ fn run(bytes: Vec<u8>, prompt: &[u32]) {
             assert!(row.iter().all(|v| !v.is_nan()), "sampled a row with NaN");
         }
         Err(ModelError::NonFinite(_)) => {
-            assert!(row.iter().any(|v| v.is_nan()), "NonFinite on a NaN-free row");
+            assert!(
+                row.iter().any(|v| v.is_nan()),
+                "NonFinite on a NaN-free row"
+            );
         }
         Err(e) => panic!("greedy sampling failed: {e}"),
     }

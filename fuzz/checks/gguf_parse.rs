@@ -34,7 +34,12 @@ pub fn check_gguf_parse(data: &[u8]) {
         let _ = file.get_f32(key);
         let _ = file.get_bool(key);
         let _ = file.get_array(key);
-        let _ = (value.as_str(), value.as_u64(), value.as_i64(), value.as_f32());
+        let _ = (
+            value.as_str(),
+            value.as_u64(),
+            value.as_i64(),
+            value.as_f32(),
+        );
         let _ = value.type_name();
     }
     let _ = LlamaConfig::from_gguf(&file);

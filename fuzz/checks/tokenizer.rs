@@ -159,10 +159,20 @@ pub fn check_tokenizer(data: &[u8], real: Option<&Vocab>) {
 fn check_text(vocab: &Vocab, s: &str) {
     let t = &vocab.tok;
     let ids = t.encode(s);
-    assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()), "{ids:?}");
+    assert!(
+        ids.iter().all(|&id| (id as usize) < t.vocab_size()),
+        "{ids:?}"
+    );
     let decoded = t.decode(&ids).expect("encoded ids are in the vocabulary");
-    let kept: Vec<u8> = s.bytes().filter(|&b| vocab.has_byte[usize::from(b)]).collect();
-    assert_eq!(decoded, String::from_utf8_lossy(&kept), "round trip of {s:?}");
+    let kept: Vec<u8> = s
+        .bytes()
+        .filter(|&b| vocab.has_byte[usize::from(b)])
+        .collect();
+    assert_eq!(
+        decoded,
+        String::from_utf8_lossy(&kept),
+        "round trip of {s:?}"
+    );
     assert_eq!(stream(t, &ids), decoded, "stream decode of {s:?}");
 }
 

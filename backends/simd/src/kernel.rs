@@ -1,6 +1,6 @@
 //! The crate-private kernel trait every instruction-set family implements.
 //!
-//! A kernel is a zero-sized token ([`crate::x86::Avx2`], [`crate::aarch64::Neon`]) that can
+//! A kernel is a zero-sized token (`x86::Avx2`, `aarch64::Neon`) that can
 //! only be obtained from run-time feature detection, so holding one proves the CPU runs
 //! its instructions. The drivers in `ops.rs` are generic over `K: Kernel` and are
 //! monomorphised per family (the matrixmultiply pattern); each method below runs one

@@ -135,7 +135,10 @@ impl Matrix {
         let mut mags = Vec::with_capacity(self.cols);
         for block in w.row(r).chunks_exact(20) {
             let (d, m) = (f16_at(block, 0), f16_at(block, 2));
-            let nibbles = block[4..].iter().map(|q| q & 15).chain(block[4..].iter().map(|q| q >> 4));
+            let nibbles = block[4..]
+                .iter()
+                .map(|q| q & 15)
+                .chain(block[4..].iter().map(|q| q >> 4));
             mags.extend(nibbles.map(|q| (d * f64::from(q)).abs() + m.abs()));
         }
         debug_assert_eq!(mags.len(), QK * (self.cols / QK));
@@ -168,8 +171,8 @@ fn close(
     prop_assert_eq!(got.len(), want.len(), "{}: lengths", what);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let (err, t) = ((f64::from(g) - f64::from(w)).abs(), tol(i));
-        // `!(err <= t)` also rejects NaN.
-        if !(err <= t) {
+        // `err.is_nan()` catches a NaN output, which fails every comparison.
+        if err.is_nan() || err > t {
             return Err(TestCaseError::fail(format!(
                 "{what}[{i}]: got {g:e}, want {w:e}: |diff| {err:e} > tolerance {t:e}"
             )));
@@ -294,7 +297,9 @@ fn check_rms_norm(s: &Simd, n: usize, d: usize, v: &mut Values) -> Result<(), Te
         REF.rms_norm(&x, &w, eps, &mut want),
     )? {
         let rel = 2.0 * ((d as f64 + 3.0) / 2.0 + 9.0) * U;
-        close(&what, &got, &want, |i| rel * f64::from(want[i]).abs() + TINY)?;
+        close(&what, &got, &want, |i| {
+            rel * f64::from(want[i]).abs() + TINY
+        })?;
     }
     Ok(())
 }
@@ -431,14 +436,23 @@ impl Report {
 fn check_path(report: &mut Report, s: &Simd) {
     let p = s.path().name();
     let dtype = (0..DType::ALL.len()).prop_map(|i| DType::ALL[i]);
-    let shape = (dtype, any::<prop::sample::Index>(), 0..ROWS.len(), any::<u64>());
+    let shape = (
+        dtype,
+        any::<prop::sample::Index>(),
+        0..ROWS.len(),
+        any::<u64>(),
+    );
 
-    report.prop(&format!("{p}: gemv, random shapes"), shape.clone(), |(dt, c, r, seed)| {
-        let mut v = Values(seed);
-        let cols = c.get(&lengths(dt)).to_owned();
-        let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
-        check_gemv(s, &m, &mut v)
-    });
+    report.prop(
+        &format!("{p}: gemv, random shapes"),
+        shape.clone(),
+        |(dt, c, r, seed)| {
+            let mut v = Values(seed);
+            let cols = c.get(&lengths(dt)).to_owned();
+            let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
+            check_gemv(s, &m, &mut v)
+        },
+    );
     report.prop(
         &format!("{p}: gemm, random shapes"),
         (shape, 0..TOKENS.len()),
@@ -475,22 +489,36 @@ fn check_path(report: &mut Report, s: &Simd) {
         1usize..=3,
         any::<u64>(),
     );
-    report.prop(&format!("{p}: attend_head"), heads, |(hd, n_keys, n_kv, seed)| {
-        let mut v = Values(seed);
-        let kv_head = (seed % n_kv as u64) as usize;
-        check_attend_head(s, hd, n_keys, n_kv, kv_head, &mut v)
-    });
-    report.fixed(&format!("{p}: attend_head, SmolLM2 head (64) at 576 keys"), || {
-        check_attend_head(s, 64, 576, 3, 2, &mut Values(9))
-    });
-    let norms = (1usize..4, prop::sample::select(LENGTHS[1..].to_vec()), any::<u64>());
+    report.prop(
+        &format!("{p}: attend_head"),
+        heads,
+        |(hd, n_keys, n_kv, seed)| {
+            let mut v = Values(seed);
+            let kv_head = (seed % n_kv as u64) as usize;
+            check_attend_head(s, hd, n_keys, n_kv, kv_head, &mut v)
+        },
+    );
+    report.fixed(
+        &format!("{p}: attend_head, SmolLM2 head (64) at 576 keys"),
+        || check_attend_head(s, 64, 576, 3, 2, &mut Values(9)),
+    );
+    let norms = (
+        1usize..4,
+        prop::sample::select(LENGTHS[1..].to_vec()),
+        any::<u64>(),
+    );
     report.prop(&format!("{p}: rms_norm"), norms, |(n, d, seed)| {
         check_rms_norm(s, n, d, &mut Values(seed))
     });
-    report.fixed(&format!("{p}: add, swiglu, softmax, embed_row, every length"), || {
-        let mut v = Values(11);
-        LENGTHS.into_iter().try_for_each(|len| check_exact_ops(s, len, &mut v))
-    });
+    report.fixed(
+        &format!("{p}: add, swiglu, softmax, embed_row, every length"),
+        || {
+            let mut v = Values(11);
+            LENGTHS
+                .into_iter()
+                .try_for_each(|len| check_exact_ops(s, len, &mut v))
+        },
+    );
     report.fixed(&format!("{p}: shape errors"), || check_shape_errors(s));
 }
 

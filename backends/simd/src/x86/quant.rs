@@ -35,7 +35,7 @@ const F32: u8 = 0;
 const F16: u8 = 1;
 const BF16: u8 = 2;
 
-/// The little-endian f16 at `b[at..at + 2]`, widened (a block scale or offset).
+/// The little-endian f16 at `b[at..at + 2]`, widened (a plain-format tail element).
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
@@ -149,15 +149,30 @@ enum Block {
     Q4_1,
 }
 
+/// The two f16 values at `b[0..4]` widened with F16C: a block's `d` and (`Q4_1`) `m`.
+/// Exact, as the `half` crate's conversion, without its per-call feature check.
+///
+/// # Panics
+/// If `b.len() < 4`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales(b: &[u8]) -> (f32, f32) {
+    let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 impl Block {
-    /// Decode one stored block into `(lanes, d, m)`; `m = 0` except for `Q4_1`.
+    /// Decode one stored block into `(lanes, d, m)`; `m = 0` except for `Q4_1` (the other
+    /// formats' second f16 is quant bytes, ignored).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn decode(self, b: &[u8]) -> ([__m256; 4], f32, f32) {
+        let (d, m) = scales(b);
         match self {
-            Block::Q8_0 => (q8_lanes(&b[2..]), f16_at(b, 0), 0.0),
-            Block::Q4_0 => (q4_lanes::<8>(&b[2..]), f16_at(b, 0), 0.0),
-            Block::Q4_1 => (q4_lanes::<0>(&b[4..]), f16_at(b, 0), f16_at(b, 2)),
+            Block::Q8_0 => (q8_lanes(&b[2..]), d, 0.0),
+            Block::Q4_0 => (q4_lanes::<8>(&b[2..]), d, 0.0),
+            Block::Q4_1 => (q4_lanes::<0>(&b[4..]), d, m),
         }
     }
 
@@ -175,7 +190,7 @@ impl Block {
 /// # Panics
 /// If `row` is not `x.len() / 32` blocks or (`Q4_1`) `sums` is shorter than that.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     assert_eq!(row.len(), x.len() / QK * fmt.bytes());
     let mut acc = [_mm256_setzero_ps(); 2];
@@ -267,7 +282,7 @@ fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
     for (b, o) in bytes
         .chunks_exact(fmt.bytes())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the kernels under AddressSanitizer: the backend conformance suite
+# (tests/conformance.rs: scalar, simd, rayon) and the simd crate's own tests, on nightly.
+#
+# Usage: .ci/asan.sh
+#
+# Recipe: `-Zsanitizer=address` with an explicit `--target`, so RUSTFLAGS reach only the
+# target crates and not build scripts or proc macros (which would fail to load). The
+# standard library is not rebuilt (no -Zbuild-std): ASan still checks every access that
+# kvcore's own code and its kernels make. Doctests are skipped (--lib --tests). A
+# separate target dir (target/asan) keeps the instrumented build apart from the normal
+# one. Any ASan report aborts the test binary, so the script fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+host=x86_64-unknown-linux-gnu
+export RUSTFLAGS="-Zsanitizer=address"
+export CARGO_TARGET_DIR=target/asan
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
+cargo +nightly test --target "$host" -p kvcore --test conformance
+# simd_paths runs every kernel on each path the CPU has (AVX2+FMA and scalar).
+cargo +nightly test --target "$host" -p kvcore-simd --lib --tests

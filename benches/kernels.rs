@@ -1,0 +1,200 @@
+//! Kernel throughput of the scalar, SIMD and rayon backends at SmolLM2-135M's shapes.
+//!
+//! Groups (each benchmark id is `backend/shape`):
+//! - `gemv_<dtype>`: decode `y ← W x` for every weight format at `[rows, cols]` =
+//!   `[576, 576]` (q/o projections), `[1536, 576]` (gate/up), `[576, 1536]` (down) and
+//!   `[49152, 576]` (output projection). Throughput: the weight bytes read, so the figure
+//!   compares directly with the memory bandwidth below.
+//! - `gemm_<dtype>`: prefill `Y ← X Wᵀ` with `n = 64` tokens at `[1536, 576]`.
+//!   Throughput: `2·n·rows·cols` flops. The `simd` F32 case is a single
+//!   `matrixmultiply::sgemm` call on the stored weights (strides, no copy), so it is
+//!   matrixmultiply's own figure at this shape.
+//! - `attention`: one decode step of SmolLM2's attention (9 query heads, 3 KV heads,
+//!   head_dim 64) against 64, 512 and 4096 cached positions. Throughput: `4·heads·
+//!   head_dim·positions` flops (scores and weighted sum).
+//! - `bandwidth`: a plain sum over a 256 MiB buffer (far beyond the caches), on 1 and 2
+//!   threads: this machine's memory read limit.
+//!
+//! `rayon` is `Rayon<Simd>` on 2 threads. Short measurement settings: the machine is
+//! shared. Run: `cargo bench --bench kernels`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
+};
+use kvcore::backend::{AttnShape, Backend, DType, Weights};
+use kvcore_rayon::Rayon;
+use kvcore_scalar::Scalar;
+use kvcore_scalar::quant::quantize_row;
+use kvcore_simd::Simd;
+
+/// GEMV shapes `[rows, cols]`.
+const GEMV_SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
+/// GEMM shape `[rows, cols]` and tokens.
+const GEMM_SHAPE: (usize, usize) = (1536, 576);
+const GEMM_TOKENS: usize = 64;
+/// Attention geometry and cache lengths.
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const POSITIONS: [usize; 3] = [64, 512, 4096];
+/// Bandwidth buffer: 256 MiB of u64.
+const BANDWIDTH_WORDS: usize = 32 << 20;
+
+/// Deterministic values in (−1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `[rows, cols]` random weights stored as `dtype`.
+fn matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(rows * dtype.row_bytes(cols).expect("whole blocks"));
+    let v = values(cols * 64, 1);
+    for r in 0..rows {
+        // 64 distinct rows repeated: quantising 28 M values per format would dominate.
+        bytes.extend(quantize_row(
+            dtype,
+            &v[(r % 64) * cols..(r % 64 + 1) * cols],
+        ));
+    }
+    bytes
+}
+
+/// The three backends under comparison.
+struct Backends {
+    scalar: Scalar,
+    simd: Simd,
+    rayon: Rayon<Simd>,
+}
+
+impl Backends {
+    fn new() -> Self {
+        Backends {
+            scalar: Scalar::new(),
+            simd: Simd::new(),
+            rayon: Rayon::new(Simd::new(), 2).expect("rayon pool"),
+        }
+    }
+
+    fn each(&self) -> [&dyn Backend; 3] {
+        [&self.scalar, &self.simd, &self.rayon]
+    }
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(900));
+}
+
+fn gemv(c: &mut Criterion) {
+    let b = Backends::new();
+    for dtype in DType::ALL {
+        let mut group = c.benchmark_group(format!("gemv_{dtype}"));
+        configure(&mut group);
+        for (rows, cols) in GEMV_SHAPES {
+            let bytes = matrix(dtype, rows, cols);
+            let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
+            let x = values(cols, 2);
+            let mut y = vec![0.0f32; rows];
+            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            for be in b.each() {
+                let id = BenchmarkId::new(be.name(), format!("{rows}x{cols}"));
+                group.bench_function(id, |bench| {
+                    bench.iter(|| be.gemv(&w, black_box(&x), &mut y).expect("gemv"))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn gemm(c: &mut Criterion) {
+    let b = Backends::new();
+    let (rows, cols) = GEMM_SHAPE;
+    let x = values(GEMM_TOKENS * cols, 3);
+    let mut y = vec![0.0f32; GEMM_TOKENS * rows];
+    for dtype in DType::ALL {
+        let mut group = c.benchmark_group(format!("gemm_{dtype}"));
+        configure(&mut group);
+        let bytes = matrix(dtype, rows, cols);
+        let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
+        group.throughput(Throughput::Elements((2 * GEMM_TOKENS * rows * cols) as u64));
+        for be in b.each() {
+            let id = BenchmarkId::new(be.name(), format!("n{GEMM_TOKENS}_{rows}x{cols}"));
+            group.bench_function(id, |bench| {
+                bench.iter(|| be.gemm(&w, black_box(&x), &mut y).expect("gemm"))
+            });
+        }
+        group.finish();
+    }
+}
+
+fn attention(c: &mut Criterion) {
+    let b = Backends::new();
+    let kv_dim = KV_HEADS * HEAD_DIM;
+    let mut group = c.benchmark_group("attention");
+    configure(&mut group);
+    for n in POSITIONS {
+        let keys = values(n * kv_dim, 4);
+        let vals = values(n * kv_dim, 5);
+        let q = values(HEADS * HEAD_DIM, 6);
+        let mut out = vec![0.0f32; HEADS * HEAD_DIM];
+        let shape = AttnShape {
+            n_heads: HEADS,
+            n_kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            pos0: n - 1,
+        };
+        group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * n) as u64));
+        for be in b.each() {
+            group.bench_function(BenchmarkId::new(be.name(), n), |bench| {
+                bench.iter(|| {
+                    be.attention(black_box(&q), &keys, &vals, &mut out, &shape)
+                        .expect("attention")
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Wrapping sum of `words` (a plain streaming read).
+fn sum(words: &[u64]) -> u64 {
+    words.iter().fold(0u64, |a, &w| a.wrapping_add(w))
+}
+
+fn bandwidth(c: &mut Criterion) {
+    let buf: Vec<u64> = (0..BANDWIDTH_WORDS as u64).collect();
+    let mut group = c.benchmark_group("bandwidth");
+    configure(&mut group);
+    group.throughput(Throughput::Bytes((BANDWIDTH_WORDS * 8) as u64));
+    group.bench_function("read/1thread", |bench| bench.iter(|| sum(black_box(&buf))));
+    group.bench_function("read/2threads", |bench| {
+        bench.iter(|| {
+            let (a, b) = buf.split_at(BANDWIDTH_WORDS / 2);
+            std::thread::scope(|s| {
+                let other = s.spawn(|| sum(black_box(b)));
+                sum(black_box(a)).wrapping_add(other.join().expect("reader thread"))
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(kernels, bandwidth, gemv, gemm, attention);
+criterion_main!(kernels);

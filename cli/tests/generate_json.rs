@@ -1,0 +1,140 @@
+//! The `kvcore generate` binary end to end on SmolLM2: the reference greedy continuation,
+//! the JSON report, the KV footprint of grow vs dense, and peak RSS as the OS reports it.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn model() -> PathBuf {
+    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+}
+
+fn reference() -> Vec<Value> {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/reference/smollm2-135m-instruct-q4_1/logits.json"
+    );
+    let text = std::fs::read_to_string(p).expect("reference logits.json is required");
+    serde_json::from_str::<Value>(&text)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Runs `kvcore generate --json` with `args`, returning the parsed JSON.
+fn generate_json(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+        .arg("generate")
+        .arg(model())
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run kvcore");
+    assert!(
+        out.status.success(),
+        "kvcore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+#[test]
+fn greedy_continuations_match_the_reference() {
+    for prompt in reference() {
+        let text = prompt["text"].as_str().unwrap();
+        let mut args = vec!["-p", text, "-n", "24", "--greedy", "--backend", "simd"];
+        if !prompt["chat"].as_bool().unwrap() {
+            args.push("--raw");
+        }
+        let json = generate_json(&args);
+        assert_eq!(
+            ids(&json["prompt_tokens"]),
+            ids(&prompt["prompt_ids"]),
+            "{}: prompt ids",
+            prompt["name"]
+        );
+        assert_eq!(
+            ids(&json["tokens"]),
+            ids(&prompt["greedy_ids"]),
+            "{}: greedy continuation",
+            prompt["name"]
+        );
+        assert_eq!(json["text"], prompt["greedy_text"], "{}", prompt["name"]);
+    }
+}
+
+/// SmolLM2 has 30 layers and kv_dim 192: 30 · 192 · 2 · 4 = 46,080 bytes per position.
+const BYTES_PER_POSITION: u64 = 30 * 192 * 2 * 4;
+
+#[test]
+fn kv_bytes_grow_versus_dense() {
+    let grow = generate_json(&["-p", "Hello", "-n", "16", "--greedy", "--kv", "grow"]);
+    let dense = generate_json(&["-p", "Hello", "-n", "16", "--greedy", "--kv", "dense"]);
+    // The chat-templated prompt plus 16 tokens is under 64 positions: one initial block.
+    assert_eq!(grow["stats"]["kv_capacity"], 64);
+    assert_eq!(
+        grow["stats"]["kv_bytes"].as_u64().unwrap(),
+        64 * BYTES_PER_POSITION
+    );
+    assert_eq!(dense["stats"]["kv_capacity"], 8192);
+    assert_eq!(
+        dense["stats"]["kv_bytes"].as_u64().unwrap(),
+        8192 * BYTES_PER_POSITION
+    );
+    assert_eq!(grow["tokens"], dense["tokens"]);
+}
+
+/// The peak RSS kvcore reports (getrusage) agrees with `/usr/bin/time -v` within 5%.
+#[test]
+fn peak_rss_agrees_with_time_v() {
+    let out = Command::new("/usr/bin/time")
+        .arg("-v")
+        .arg(env!("CARGO_BIN_EXE_kvcore"))
+        .arg("generate")
+        .arg(model())
+        .args([
+            "-p",
+            "Hello",
+            "-n",
+            "16",
+            "--greedy",
+            "--threads",
+            "2",
+            "--json",
+        ])
+        .output()
+        .expect("/usr/bin/time is required (Debian package `time`)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ours = json["stats"]["peak_rss_bytes"].as_u64().unwrap() as f64;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let kib: f64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .expect("time -v reports the maximum RSS")
+        .parse()
+        .unwrap();
+    let theirs = kib * 1024.0;
+    let rel = (ours - theirs).abs() / theirs;
+    assert!(
+        rel <= 0.05,
+        "kvcore {ours} B vs time -v {theirs} B ({:.1}%)",
+        rel * 100.0
+    );
+}

@@ -1,0 +1,244 @@
+//! Replays the committed corpora of the `gguf_parse`, `gguf_model` and `tokenizer` fuzz
+//! targets on stable Rust, through the very check functions the targets run (the files
+//! under `fuzz/checks/`, included here with `#[path]`). An empty or missing corpus
+//! directory fails, and so does a missing SmolLM2 file (the tokenizer corpus runs on it).
+//!
+//! `write_seed_corpora` (ignored) regenerates the synthetic seeds; FUZZING.md says when.
+
+#[path = "../fuzz/checks/gguf_model.rs"]
+mod gguf_model;
+#[path = "../fuzz/checks/gguf_parse.rs"]
+mod gguf_parse;
+#[path = "../fuzz/checks/tokenizer.rs"]
+mod tokenizer;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use kvcore::DType;
+use kvcore::gguf::GgufFile;
+use kvcore::gguf::{GgufWriter, Value};
+use kvcore::model::tiny::TinyLlama;
+use kvcore::tokenizer::Tokenizer;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Every file of the target's corpus, sorted; fails when there are none.
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{} holds no inputs", dir.display());
+    files
+        .into_iter()
+        .map(|p| {
+            let bytes = fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+            (p, bytes)
+        })
+        .collect()
+}
+
+/// Runs `check` on every input, naming the file of the first failure.
+fn replay(target: &str, check: impl Fn(&[u8])) {
+    for (path, bytes) in corpus(target) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&bytes)));
+        assert!(outcome.is_ok(), "{target} input {} failed", path.display());
+    }
+}
+
+#[test]
+fn gguf_parse_corpus_replays() {
+    replay("gguf_parse", gguf_parse::check_gguf_parse);
+}
+
+#[test]
+fn gguf_model_corpus_replays() {
+    replay("gguf_model", gguf_model::check_gguf_model);
+}
+
+#[test]
+fn tokenizer_corpus_replays() {
+    let path = kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required");
+    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let real = tokenizer::Vocab::new(Tokenizer::from_gguf(&file).expect("SmolLM2 tokenizer"));
+    replay("tokenizer", |data| {
+        tokenizer::check_tokenizer(data, Some(&real))
+    });
+}
+
+/// A one-layer TinyLlama small enough for a seed.
+fn tiny(dtype: DType, untied: bool) -> TinyLlama {
+    let block = dtype.block_len() > 1;
+    TinyLlama {
+        n_layers: 1,
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: if block { 16 } else { 4 },
+        ffn_dim: if block { 32 } else { 8 },
+        vocab_size: 8,
+        context_len: 16,
+        dtype,
+        seed: 7,
+        untied_output: untied,
+    }
+}
+
+/// A GGUF holding a small byte-level tokenizer and a chat template, no tensors.
+fn tokenizer_gguf() -> Vec<u8> {
+    let strs = |v: &[&str]| Value::Array(v.iter().map(|s| Value::Str((*s).into())).collect());
+    let mut w = GgufWriter::new();
+    w.metadata("tokenizer.ggml.model", Value::Str("gpt2".into()))
+        .metadata("tokenizer.ggml.pre", Value::Str("smollm".into()))
+        .metadata(
+            "tokenizer.ggml.tokens",
+            strs(&["a", "b", "ab", "Ġ", "<|im_end|>"]),
+        )
+        .metadata(
+            "tokenizer.ggml.token_type",
+            Value::Array([1, 1, 1, 1, 3].iter().map(|&t| Value::I32(t)).collect()),
+        )
+        .metadata("tokenizer.ggml.merges", strs(&["a b"]))
+        .metadata("tokenizer.ggml.eos_token_id", Value::U32(4))
+        .metadata(
+            "tokenizer.chat_template",
+            Value::Str("{% for m in messages %}{{ m.content }}{% endfor %}".into()),
+        );
+    w.to_bytes()
+}
+
+/// Overwrites `bytes[at..]` with `with`.
+fn patched(mut bytes: Vec<u8>, at: usize, with: &[u8]) -> Vec<u8> {
+    bytes[at..at + with.len()].copy_from_slice(with);
+    bytes
+}
+
+fn gguf_parse_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    for dtype in DType::ALL {
+        let bytes = tiny(dtype, dtype == DType::F16).to_gguf();
+        let name = format!("tiny_{dtype:?}").to_lowercase();
+        if dtype == DType::F32 {
+            let data_start = GgufFile::from_bytes(bytes.clone())
+                .expect("valid")
+                .data_start();
+            for (what, at) in [
+                ("header", 20),
+                ("metadata", 100),
+                ("infos", data_start - 40),
+                ("data", data_start + 100),
+            ] {
+                seeds.push((format!("{name}_truncated_in_{what}"), bytes[..at].to_vec()));
+            }
+            seeds.push((
+                format!("{name}_bad_magic"),
+                patched(bytes.clone(), 0, b"GGUG"),
+            ));
+            seeds.push((format!("{name}_version_1"), patched(bytes.clone(), 4, &[1])));
+            seeds.push((
+                format!("{name}_huge_tensor_count"),
+                patched(bytes.clone(), 8, &[0xff; 8]),
+            ));
+            seeds.push((
+                format!("{name}_huge_key_length"),
+                patched(bytes.clone(), 24, &[0xff, 0xff, 0xff, 0x7f]),
+            ));
+        }
+        seeds.push((name, bytes));
+    }
+    let mut w = GgufWriter::new();
+    w.alignment(64)
+        .metadata(
+            "nested",
+            Value::Array(vec![Value::Array(vec![Value::U8(1), Value::U8(2)])]),
+        )
+        .metadata("flag", Value::Bool(true))
+        .metadata("neg", Value::I64(-3))
+        .metadata("pi", Value::F64(std::f64::consts::PI))
+        .tensor("v", DType::F32, &[4], vec![0; 16])
+        .tensor("empty", DType::Q8_0, &[32, 0], Vec::new());
+    seeds.push(("values_and_alignment_64".into(), w.to_bytes()));
+    seeds.push(("tokenizer_and_template".into(), tokenizer_gguf()));
+    seeds
+}
+
+fn gguf_model_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    for d in 0..6u8 {
+        seeds.push((format!("plain_dtype_{d}"), vec![d, 4, 1, 4, 12, 3, 2, 1, 5]));
+    }
+    let base = [0u8, 1, 2, 1, 12, 3, 2, 1, 2, 3];
+    let edits: [(&str, &[u8]); 12] = [
+        (
+            "block_count_huge",
+            &[0, 2, 10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
+        ),
+        ("head_count_zero", &[0, 6, 4, 0, 0, 0, 0]),
+        ("eps_nan", &[0, 9, 6, 0, 0, 0xc0, 0x7f]),
+        ("arch_gpt2", &[0, 0, 8, 2]),
+        ("remove_key", &[1, 5]),
+        ("remove_tensor", &[2, 3]),
+        ("retype_q8", &[3, 1, 3]),
+        ("redim", &[4, 0, 1, 8, 12]),
+        ("offset_huge", &[5, 2, 4, 0, 0, 0, 0, 0, 0, 0, 0x80]),
+        ("poison_nan", &[6, 0, 3, 0, 0]),
+        ("poison_inf_norm", &[6, 14, 1, 0, 1]),
+        ("truncate", &[7, 0x00, 0x02, 0xff]),
+    ];
+    for (name, edit) in edits {
+        seeds.push((name.into(), [&base[..], edit].concat()));
+    }
+    seeds
+}
+
+fn tokenizer_seeds() -> Vec<(String, Vec<u8>)> {
+    let texts = [
+        "Hello, world! The cat's 1234 hats.",
+        "<|im_start|>user\nhi<|im_end|>\n<|user|><unk>",
+        "  tabs\tand\r\nnewlines\n\n\n  ",
+        "café Straße 你好 こんにちは Привет مرحبا 🙂 👍🏽 e\u{301}",
+        "\u{40000}\u{a0}\u{200b}\u{0}\u{7f}",
+        "<|im_end",
+    ];
+    let mut seeds = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        for mode in [0u8, 2, 4, 6, 8] {
+            seeds.push((
+                format!("text_{i}_mode_{mode}"),
+                [&[mode][..], text.as_bytes()].concat(),
+            ));
+        }
+    }
+    seeds.push(("invalid_utf8".into(), vec![0, 0xc3, 0x28, 0xf1, 0x80, 0xff]));
+    for mode in [1u8, 9] {
+        let ids = [
+            0u8, 0, 0, 0x0e, 0x01, 0, 0x05, 0x01, 0, 0xff, 0xff, 0xff, 0x41, 0, 0,
+        ];
+        seeds.push((format!("ids_mode_{mode}"), [&[mode][..], &ids[..]].concat()));
+    }
+    seeds
+}
+
+/// Regenerates the synthetic seeds of the three corpora (files libFuzzer added, named
+/// by their hash, are left alone).
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand, see FUZZING.md"]
+fn write_seed_corpora() {
+    for (target, seeds) in [
+        ("gguf_parse", gguf_parse_seeds()),
+        ("gguf_model", gguf_model_seeds()),
+        ("tokenizer", tokenizer_seeds()),
+    ] {
+        let dir = corpus_dir(target);
+        fs::create_dir_all(&dir).expect("create the corpus directory");
+        for (name, bytes) in seeds {
+            fs::write(dir.join(format!("seed_{name}")), bytes).expect("write a seed");
+        }
+    }
+}
