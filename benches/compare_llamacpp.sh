@@ -106,12 +106,13 @@ CTX=$("$BIN" info "$MODEL" | sed -n 's/.*context_len: \([0-9]*\).*/\1/p')
 [ -n "$CTX" ] || die "cannot read context_len from kvcore info"
 RAW=$OUT/raw
 rm -rf "$RAW" && mkdir -p "$RAW"
-log "model $MODEL (context $CTX), threads $THREADS, runs $RUNS, out $OUT"
+log "model $MODEL (context $CTX), threads $THREADS, runs $RUNS, out $OUT, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- same prompt ids ---------------------------------------------------------------
 "$BIN" tokenize "$MODEL" "$PROMPT" --json >"$RAW/tokenize-kvcore.json"
 for v in $VARIANTS; do
-    "$(venv_dir "$v")/bin/python" "$DRIVER" tokenize "$MODEL" "$PROMPT" >"$RAW/tokenize-llama-$v.json"
+    "$(venv_dir "$v")/bin/python" "$DRIVER" tokenize "$MODEL" "$PROMPT" \
+        >"$RAW/tokenize-llama-$v.json" 2>"$RAW/tokenize-llama-$v.err"
     python3 - "$RAW/tokenize-kvcore.json" "$RAW/tokenize-llama-$v.json" <<'PY' || die "tokenizers disagree ($v)"
 import json, sys
 k = json.load(open(sys.argv[1]))
@@ -204,6 +205,7 @@ json.dump(
         "mem_gib": round(mem_kib / 2**20, 1),
         "copy_gb_s": round(2 * a.nbytes / best / 1e9, 1),
         "kernel": os.uname().release,
+        "loadavg_at_end": os.getloadavg(),
     },
     __import__("sys").stdout,
 )

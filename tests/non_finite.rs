@@ -9,15 +9,13 @@
 //!   or the f16 scale of a block) makes `y[r]` NaN; an infinity makes the outputs that
 //!   read it non-finite.
 //! - RMSNorm: a NaN in row `t` makes that whole row NaN (the mean square is NaN).
-//! - Softmax: a NaN or a `+∞` anywhere in a row with some finite entry makes the whole
-//!   row NaN (`∞ − ∞`, then a NaN sum). A row with no entry above `−∞` except NaNs (all
-//!   `−∞`, all NaN, or a mix) becomes all zeros: the maximum ignores NaN, so such a row
-//!   takes the fully-masked branch. Attention inherits this: a query head whose every
-//!   score is NaN (a NaN in `q`) outputs zeros, not NaN.
+//! - Softmax: a NaN anywhere in a row makes the whole row NaN, and so does a `+∞` in a
+//!   row with some finite entry (`∞ − ∞`, then a NaN sum). A fully masked row (every
+//!   entry `−∞`) becomes all zeros. Attention inherits this: a query head whose scores
+//!   hold a NaN (a NaN in `q`) outputs NaN.
 //! - Attention: a NaN in key or value row `t` of a KV head reaches exactly the query rows
 //!   at positions `≥ t` of the heads that read that KV head.
-//! - Forward: a NaN weight gives NaN logits (except where the softmax rule masks it: a
-//!   NaN in `W_k` or `W_q` that reaches every score of a head), and sampling a row with a NaN is
+//! - Forward: a NaN weight gives NaN logits, and sampling a row with a NaN is
 //!   `ModelError::NonFinite`; an infinite weight gives some non-finite logits or none,
 //!   and sampling then errors exactly when the row holds a NaN.
 
@@ -224,11 +222,17 @@ fn softmax_rows_with_nan_or_inf() {
                     "{name} softmax len {len} {p}@{at}: {row:?}"
                 );
             }
-            for fill in [[ninf, ninf], [nan, nan], [nan, ninf]] {
+            let mut masked = vec![ninf; len];
+            b.softmax(&mut masked);
+            assert!(
+                masked.iter().all(|&v| v == 0.0),
+                "{name} softmax of a fully masked row: {masked:?}"
+            );
+            for fill in [[nan, nan], [nan, ninf]] {
                 let mut row: Vec<f32> = (0..len).map(|i| fill[i % 2]).collect();
                 b.softmax(&mut row);
                 assert!(
-                    row.iter().all(|&v| v == 0.0),
+                    row.iter().all(|v| v.is_nan()),
                     "{name} softmax {fill:?}: {row:?}"
                 );
             }
@@ -284,13 +288,13 @@ fn attention_contaminates_only_later_positions_of_the_same_group() {
             |i| depends(i) && i % 8 == 5,
         );
         // A NaN in query head 0 of row 1: every score of that head is NaN, so the
-        // softmax row is fully "masked" and the head outputs zeros.
+        // head outputs NaN; every other output is untouched.
         let mut qp = q.clone();
         qp[32 + 3] = f32::NAN;
         let out = run(&qp, &k, &v);
         for (i, (c, o)) in clean.iter().zip(&out).enumerate() {
             if (32..40).contains(&i) {
-                assert_eq!(*o, 0.0, "{name} attention NaN query: output {i} = {o}");
+                assert!(o.is_nan(), "{name} attention NaN query: output {i} = {o}");
             } else {
                 assert_eq!(
                     c.to_bits(),
@@ -374,13 +378,16 @@ fn a_nan_weight_gives_nan_logits_and_sampling_refuses_them() {
 
 /// The softmax rule above at work in a whole model: a NaN in row 3 of layer 0's `W_k`
 /// (one KV head) puts a NaN in every key of that head, so every score of its query heads
-/// is NaN, their softmax rows take the fully-masked branch and the heads output zeros.
-/// The NaN never reaches the logits.
+/// is NaN; the NaN is not mistaken for masking, it reaches the logits and sampling
+/// refuses them.
 #[test]
-fn a_nan_key_weight_is_masked_by_the_softmax() {
+fn a_nan_key_weight_reaches_the_logits() {
     for (name, row, sample) in run_model(|| poisoned_model("blk.0.attn_k.weight", 3, f32::NAN)) {
-        assert!(row.iter().all(|v| v.is_finite()), "{name}: {row:?}");
-        assert!(sample.is_ok(), "{name}: {sample:?}");
+        assert!(row.iter().any(|v| v.is_nan()), "{name}: {row:?}");
+        assert!(
+            matches!(sample, Err(ModelError::NonFinite(_))),
+            "{name}: {sample:?}"
+        );
     }
 }
 

@@ -123,9 +123,10 @@ fn kv_memory_chart(path: &Path, c: &LlamaConfig, rss: &[Bar]) -> anyhow::Result<
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.1}"))
         .draw()?;
+    // Dense first, so GrowKv's last step (to the full size) is drawn over it.
     for (name, points, colour) in [
-        ("GrowKv::new (grows on demand)", grow, KVCORE_COLOUR),
         ("DenseKv::new (preallocated)", dense, DENSE_COLOUR),
+        ("GrowKv::new (grows on demand)", grow, KVCORE_COLOUR),
     ] {
         chart
             .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
@@ -191,7 +192,8 @@ where
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(190)
-        .build_cartesian_2d(0.0..x_max, (0..n).into_segmented())?;
+        // An integer range's segments include its end, so `0..n - 1` gives n segments.
+        .build_cartesian_2d(0.0..x_max, (0..n - 1).into_segmented())?;
     chart
         .configure_mesh()
         .disable_y_mesh()

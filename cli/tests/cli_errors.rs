@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kvcore::DType;
@@ -31,15 +31,29 @@ fn smollm2() -> String {
     p.to_str().expect("a UTF-8 model path").to_string()
 }
 
-/// A fresh directory for this test under the system temp dir.
-fn temp_dir(test: &str) -> PathBuf {
+/// A fresh directory for one test under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(test: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("kvcore-cli-errors-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create a temp dir");
-    dir
+    TempDir(dir)
 }
 
 /// A TinyLlama GGUF (no tokenizer metadata) in `dir`.
-fn tiny_model(dir: &std::path::Path) -> String {
+fn tiny_model(dir: &TempDir) -> String {
     let tiny = TinyLlama {
         n_layers: 1,
         n_heads: 2,
@@ -52,7 +66,7 @@ fn tiny_model(dir: &std::path::Path) -> String {
         seed: 1,
         untied_output: false,
     };
-    let path = dir.join("tiny.gguf");
+    let path = dir.path().join("tiny.gguf");
     std::fs::write(&path, tiny.to_gguf()).expect("write the tiny model");
     path.to_str().expect("a UTF-8 temp path").to_string()
 }
@@ -94,14 +108,15 @@ fn a_missing_file_is_named() {
 #[test]
 fn a_directory_is_not_a_model() {
     let dir = temp_dir("directory");
-    let out = run(&["info", dir.to_str().unwrap()]);
-    fails_in_one_line(&out, &[dir.to_str().unwrap(), "not a regular file"]);
+    let dir = dir.path().to_str().unwrap();
+    let out = run(&["info", dir]);
+    fails_in_one_line(&out, &[dir, "not a regular file"]);
 }
 
 #[test]
 fn a_non_gguf_file_is_refused() {
     let dir = temp_dir("non_gguf");
-    let path = dir.join("notes.txt");
+    let path = dir.path().join("notes.txt");
     std::fs::write(&path, "just some text, not a model\n").unwrap();
     let out = run(&["info", path.to_str().unwrap()]);
     fails_in_one_line(&out, &["notes.txt", "not a GGUF file"]);

