@@ -180,6 +180,20 @@ pub trait Backend: Send + Sync {
         1
     }
 
+    /// Runs `f` in this backend's execution context and returns its result.
+    ///
+    /// A forward pass calls hundreds of kernels per token. A thread-pool backend runs
+    /// `f` on one of its own workers, so each kernel's parallel split is a cheap
+    /// fork-join inside the pool instead of a hand-off from an outside thread (which
+    /// costs a wake-up and a block per call). Results must not depend on it. The default
+    /// simply calls `f`.
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R
+    where
+        Self: Sized,
+    {
+        f()
+    }
+
     /// GEMV, the decode path: `y ← W x`.
     ///
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`. Accumulates in f32.
@@ -288,6 +302,10 @@ pub trait Backend: Send + Sync {
 }
 
 /// A shared reference to a backend is a backend: one backend can serve several models.
+///
+/// `B` may be unsized (`&dyn Backend`), so [`Backend::scope`] cannot forward to it: a
+/// borrowed backend runs `f` in the caller's context. Own the backend (`Llama<Rayon<_>>`)
+/// where that matters.
 impl<B: Backend + ?Sized> Backend for &B {
     fn name(&self) -> &'static str {
         (**self).name()

@@ -95,7 +95,7 @@ fn zeroed(len: usize) -> Result<Vec<f32>, KvError> {
 ///
 /// Invariant: `seq_len ≤ capacity ≤ max_ctx`. Only `k_mut`, `v_mut` and `set_seq_len`
 /// may grow the store; a call that errors changes nothing.
-pub trait KvStore {
+pub trait KvStore: Send {
     /// Number of layers.
     fn n_layers(&self) -> usize;
     /// Floats per row (`n_kv_heads · head_dim`).

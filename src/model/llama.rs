@@ -196,6 +196,17 @@ impl<B: Backend> Llama<B> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Array2<f32>, ModelError> {
+        self.backend
+            .scope(|| self.forward_in_scope(kv, tokens, logits))
+    }
+
+    /// [`forward`](Self::forward), inside the backend's execution context.
+    fn forward_in_scope<K: KvStore>(
+        &self,
+        kv: &mut K,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Array2<f32>, ModelError> {
         let c = &self.config;
         let x = self.hidden(kv, tokens)?; // [n, d_model]
         let n = x.nrows();
@@ -331,7 +342,7 @@ impl<B: Backend> Llama<B> {
         }
         let c = &self.config;
         let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), tokens.len())?;
-        let hidden = self.hidden(&mut kv, tokens)?; // [n, d_model]
+        let hidden = self.backend.scope(|| self.hidden(&mut kv, tokens))?; // [n, d_model]
         let normed = self.rms_norm(&hidden, &self.output_norm)?; // [n, d_model]
         let mean = normed.mean_axis(Axis(0)).expect("n > 0"); // [d_model]
         let norm = mean

@@ -91,6 +91,12 @@ impl<B: Backend> Backend for Rayon<B> {
         self.threads
     }
 
+    /// Runs `f` on a worker of this backend's pool: the kernels `f` calls then split
+    /// their work with in-pool fork-joins rather than one cross-thread hand-off each.
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
         if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
