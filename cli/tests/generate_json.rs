@@ -164,3 +164,40 @@ fn model_is_fetched_into_an_empty_cache() {
         "{stdout}"
     );
 }
+
+/// `tokenize`, `embed` and `info` on the real model.
+#[test]
+fn tokenize_embed_and_info() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+            .args(args)
+            .output()
+            .expect("run kvcore");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let model = model();
+    let model = model.to_str().unwrap();
+    // Ids from llama.cpp (../shared/reference/.../tokenizer.jsonl).
+    let ids = run(&["tokenize", model, "Hello world", "--json"]);
+    assert_eq!(ids.trim(), "[19556,905]");
+    assert_eq!(run(&["tokenize", model, "Hello world"]).trim(), "19556 905");
+
+    let e: Vec<f64> =
+        serde_json::from_str(&run(&["embed", model, "Hello", "--backend", "simd"])).unwrap();
+    assert_eq!(e.len(), 576);
+    let norm = e.iter().map(|v| v * v).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+
+    let info = run(&["info", model]);
+    assert!(
+        info.contains("GGUF v3, 33 metadata entries, 272 tensors"),
+        "{info}"
+    );
+    assert!(info.contains("token_embd.weight"), "{info}");
+    assert!(info.contains("Q8_0"), "{info}");
+}
