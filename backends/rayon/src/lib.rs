@@ -20,9 +20,23 @@
 //! GEMM is split over weight rows rather than tokens because the token count is what a
 //! backend may dispatch on (a one-token GEMM may take its GEMV path): every piece sees the
 //! caller's `n`. Small operations stay serial; the thresholds (measured) and the chunk
-//! alignment are documented in `split.rs`: matmul and attention from 2^18 multiply-adds,
+//! alignment are documented in `split.rs`: matmul and attention from 2^15 multiply-adds,
 //! SwiGLU / RMSNorm / RoPE from 2^15 elements, the add from 2^18 elements; chunk
 //! boundaries at multiples of 64 rows or elements.
+//!
+//! ## Keeping the workers awake
+//! A decode step is ~250 small parallel kernels of 20–200 µs each, separated by serial
+//! ops. Between two of them an idle rayon worker soon goes to sleep, and waking it again
+//! (a futex, an inter-processor interrupt in a VM) cost about as much as the work it was
+//! woken for: with plain fork-joins, 2 threads decoded SmolLM2 only 1.15× faster than 1.
+//! So [`Backend::scope`] (one call per forward pass) runs the pass on one worker while
+//! every other worker runs a *spinner*: a loop that executes any pending pool job
+//! (`rayon::yield_now`) and otherwise pauses with `spin_loop`, until the pass returns,
+//! as llama.cpp's threads spin for the length of a graph. The cost is that the other
+//! cores stay busy for the length of the pass. The pass starts only once every spinner
+//! runs, and one such scope runs at a time per backend (others wait on a mutex): both
+//! rules keep a spinner from sitting on top of unfinished work that it would then wait
+//! for. `tests/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
 //!
 //! Assumption on `inner`: its `attention` is the trait's default (one `attend_head` per
 //! (row, head) pair), and each of its outputs does not depend on how many other rows or
@@ -39,6 +53,9 @@ pub use error::RayonError;
 
 use kvcore::backend::{AttnShape, Backend, Rope, ShapeError, Weights, check};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
 use split::{ALIGN, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, chunk_len};
 
 /// A backend running `B`'s kernels on its own pool of worker threads.
@@ -48,6 +65,8 @@ pub struct Rayon<B: Backend> {
     inner: B,
     pool: rayon::ThreadPool,
     threads: usize,
+    /// Held for the length of a [`Backend::scope`] call.
+    scope_lock: Mutex<()>,
 }
 
 impl<B: Backend> Rayon<B> {
@@ -68,6 +87,7 @@ impl<B: Backend> Rayon<B> {
             inner,
             pool,
             threads,
+            scope_lock: Mutex::new(()),
         })
     }
 
@@ -91,10 +111,46 @@ impl<B: Backend> Backend for Rayon<B> {
         self.threads
     }
 
-    /// Runs `f` on a worker of this backend's pool: the kernels `f` calls then split
-    /// their work with in-pool fork-joins rather than one cross-thread hand-off each.
+    /// Runs `f` on a worker of this backend's pool while every other worker spins,
+    /// waiting for the kernels' pieces (see "Keeping the workers awake" in the crate
+    /// docs).
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        // One worker, or already on one of ours (a nested scope, or `f` calling a
+        // kernel's own `install`): nothing to keep awake, or already awake.
+        if self.threads == 1 || self.pool.current_thread_index().is_some() {
+            return self.pool.install(f);
+        }
+        // One spinning scope at a time: two scopes' spinners could each sit on top of
+        // the other's unfinished work and wait for each other forever.
+        let _one_at_a_time = self
+            .scope_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let spinning = AtomicUsize::new(0);
+        let done = AtomicBool::new(false);
+        let (spinning, done) = (&spinning, &done);
+        self.pool.scope(|s| {
+            let owner = rayon::current_thread_index();
+            s.spawn_broadcast(move |_, ctx| {
+                if Some(ctx.index()) == owner {
+                    return;
+                }
+                spinning.fetch_add(1, Ordering::AcqRel);
+                let mut idle = 0;
+                while !done.load(Ordering::Acquire) {
+                    run_one_or_pause(&mut idle);
+                }
+            });
+            // `f` starts only once every other worker sits in its spinner. A worker that
+            // had first stolen a piece of `f`'s work could otherwise start its spinner
+            // inside that piece's join and never return to finish it.
+            let mut idle = 0;
+            while spinning.load(Ordering::Acquire) < self.threads - 1 {
+                run_one_or_pause(&mut idle);
+            }
+            let _done = SetOnDrop(done);
+            f()
+        })
     }
 
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
@@ -281,5 +337,33 @@ impl<B: Backend> Backend for Rayon<B> {
     ) -> Result<(), ShapeError> {
         check::embed_row(table, row, out)?;
         self.inner.embed_row(table, row, out)
+    }
+}
+
+/// Idle polls of a spinner between two `sched_yield`s.
+const SPINS_PER_YIELD: u32 = 64;
+
+/// Run one piece of pending pool work if there is any, else pause: a `spin_loop` hint,
+/// and every [`SPINS_PER_YIELD`]-th idle poll a `sched_yield`, so that a pool with more
+/// threads than free cores still lets the thread with the real work run.
+fn run_one_or_pause(idle: &mut u32) {
+    if rayon::yield_now() == Some(rayon::Yield::Executed) {
+        *idle = 0;
+        return;
+    }
+    *idle += 1;
+    if *idle % SPINS_PER_YIELD == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Sets its flag when dropped, also when `f` panics, so the spinners stop.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }

@@ -1,15 +1,18 @@
 //! How the work is cut: size thresholds below which an op stays serial, and aligned chunk
 //! lengths.
 //!
-//! A parallel call costs a fork-join: waking the pool's workers and joining them, measured
-//! at 10–20 µs on the (shared, 2-core) development machine. An op goes parallel only
-//! where its serial time is several times that:
-//! - matmul and attention from [`PAR_MIN_MACS`] = 2^18 multiply-adds (`rows·cols` for
+//! A parallel call costs a fork-join. Inside `Backend::scope`
+//! (every forward pass) the other workers spin, so a fork-join is a steal from a busy
+//! deque, a few µs; outside it, a worker may first have to be woken (10–20 µs measured on
+//! the shared 2-core development machine). An op goes parallel where its serial time is
+//! several times that:
+//! - matmul and attention from [`PAR_MIN_MACS`] = 2^15 multiply-adds (`rows·cols` for
 //!   GEMV, `n·rows·cols` for GEMM, `Σ n_keys·head_dim` over the (row, head) pairs of
-//!   attention). The scalar GEMV runs ~1 ns per multiply-add, the AVX2 one ~0.3 ns
-//!   (measured: `[576, 576]` f32 in 700 µs and 190 µs), so 2^18 is 75–260 µs. SmolLM2's
-//!   `[576, 576]` and larger decode GEMVs and every prefill GEMM are parallel; the
-//!   `[192, 576]` K/V GEMV (110 k) is not.
+//!   attention). The AVX2 quantised GEMV runs ~0.1 ns per multiply-add (SmolLM2's
+//!   `[1536, 576]` Q4_1 in ~85 µs), so 2^15 is ~3 µs of AVX2 work, ~30 µs of scalar
+//!   work. Every SmolLM2 decode GEMV is parallel, including the `[192, 576]` K/V
+//!   projections (110 k), which were serial at the previous 2^18 and left one core idle
+//!   for ~10 % of a decode step.
 //! - SwiGLU, RMSNorm and RoPE from [`PAR_MIN_ELEMS`] = 2^15 elements: they cost an `exp`,
 //!   a square root or a sine per element or row, ~6 ns per element for SwiGLU (2^15
 //!   elements in 210 µs). A decode token's activations (576 or 1536 floats) stay serial,
@@ -20,10 +23,13 @@
 //! Chunk boundaries (in rows or elements) are multiples of [`ALIGN`] = 64, so an inner
 //! backend that runs a vector body plus a scalar tail, or row tiles/panels of up to 64,
 //! sees the same tails and tiles in every chunk as it would in the whole operand: its
-//! result for each element is then the same bits whatever the thread count.
+//! result for each element is then the same bits whatever the thread count. About 8
+//! chunks per thread: a `[576, ·]` GEMV is then 9 chunks of 64 rows (5 + 4 on 2
+//! threads, 11 % over an even split) rather than 5 chunks of 128 (3 + 2, or 2.5 + 2 by
+//! rows: 22 % over).
 
 /// Minimum multiply-adds for a parallel matmul or attention call.
-pub(crate) const PAR_MIN_MACS: usize = 1 << 18;
+pub(crate) const PAR_MIN_MACS: usize = 1 << 15;
 
 /// Minimum elements for a parallel SwiGLU, RMSNorm or RoPE call.
 pub(crate) const PAR_MIN_ELEMS: usize = 1 << 15;
@@ -35,10 +41,10 @@ pub(crate) const PAR_MIN_STREAM: usize = 1 << 18;
 pub(crate) const ALIGN: usize = 64;
 
 /// Tasks per worker thread, so that uneven progress (a shared machine, tails) balances.
-const TASKS_PER_THREAD: usize = 4;
+const TASKS_PER_THREAD: usize = 8;
 
 /// Length of each chunk when `total` units are cut for `threads` workers: about
-/// `total / (4·threads)`, rounded up to a multiple of `align` (at least `align`, at least
+/// `total / (8·threads)`, rounded up to a multiple of `align` (at least `align`, at least
 /// 1).
 pub(crate) fn chunk_len(total: usize, threads: usize, align: usize) -> usize {
     let align = align.max(1);

@@ -75,36 +75,39 @@ fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
     }
 }
 
-/// The low 8 bytes of `v` as signed integers, converted to f32.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn i8x8_to_f32(v: __m128i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
 /// The 32 nibbles of a `Q4_*` block (`qs[0..16]`) minus `OFFSET`, as four f32 vectors.
+///
+/// Bytes `0..8` and `8..16` are each zero-extended to eight 32-bit lanes straight from
+/// memory (one shuffle per 8 bytes); in each lane the low nibble is `byte & 15` (weights
+/// `0..16`) and the high one `byte >> 4` (weights `16..32`).
 ///
 /// # Panics
 /// If `qs.len() < 16`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn q4_lanes<const OFFSET: i8>(qs: &[u8]) -> [__m256; 4] {
+fn q4_lanes<const OFFSET: i32>(qs: &[u8]) -> [__m256; 4] {
     assert!(qs.len() >= 16);
-    // SAFETY: 16 bytes in bounds (asserted); `loadu` has no alignment requirement.
-    let v = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-    let mask = _mm_set1_epi8(15);
-    let off = _mm_set1_epi8(OFFSET);
-    let lo = _mm_sub_epi8(_mm_and_si128(v, mask), off);
-    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), off);
+    // SAFETY: bytes 0..16 are in bounds (asserted); `loadl_epi64` reads 8 bytes with no
+    // alignment requirement.
+    let (a, b) = unsafe {
+        (
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.as_ptr().cast())),
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.as_ptr().add(8).cast())),
+        )
+    };
+    let mask = _mm256_set1_epi32(15);
+    let off = _mm256_set1_epi32(OFFSET);
+    let f = |v: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off));
     [
-        i8x8_to_f32(lo),
-        i8x8_to_f32(_mm_srli_si128::<8>(lo)),
-        i8x8_to_f32(hi),
-        i8x8_to_f32(_mm_srli_si128::<8>(hi)),
+        f(_mm256_and_si256(a, mask)),
+        f(_mm256_and_si256(b, mask)),
+        f(_mm256_srli_epi32::<4>(a)),
+        f(_mm256_srli_epi32::<4>(b)),
     ]
 }
 
-/// The 32 signed bytes of a `Q8_0` block (`qs[0..32]`) as four f32 vectors.
+/// The 32 signed bytes of a `Q8_0` block (`qs[0..32]`) as four f32 vectors, each 8 bytes
+/// sign-extended straight from memory.
 ///
 /// # Panics
 /// If `qs.len() < 32`.
@@ -112,19 +115,13 @@ fn q4_lanes<const OFFSET: i8>(qs: &[u8]) -> [__m256; 4] {
 #[target_feature(enable = "avx2,fma")]
 fn q8_lanes(qs: &[u8]) -> [__m256; 4] {
     assert!(qs.len() >= 32);
-    // SAFETY: bytes 0..32 are in bounds (asserted); `loadu` has no alignment requirement.
-    let (a, b) = unsafe {
-        (
-            _mm_loadu_si128(qs.as_ptr().cast()),
-            _mm_loadu_si128(qs.as_ptr().add(16).cast()),
-        )
+    let lane = |k: usize| {
+        // SAFETY: bytes 8k..8k+8 ⊂ 0..32 are in bounds (asserted); `loadl_epi64` reads
+        // 8 bytes with no alignment requirement.
+        let v = unsafe { _mm_loadl_epi64(qs.as_ptr().add(8 * k).cast()) };
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
     };
-    [
-        i8x8_to_f32(a),
-        i8x8_to_f32(_mm_srli_si128::<8>(a)),
-        i8x8_to_f32(b),
-        i8x8_to_f32(_mm_srli_si128::<8>(b)),
-    ]
+    [lane(0), lane(1), lane(2), lane(3)]
 }
 
 /// `Σ_j q_j·x_j` of one block as an 8-lane vector (lanes still to be summed).

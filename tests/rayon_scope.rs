@@ -1,0 +1,102 @@
+//! `Rayon::scope`, the spinning execution context of a forward pass: it runs `f` on a
+//! pool worker, its result is `f`'s, and it never deadlocks: nested scopes, several
+//! caller threads sharing one backend, more pool threads than cores, and a panicking
+//! `f` (which must propagate and leave the backend usable). Each scenario runs under a
+//! watchdog so that a deadlock fails the test instead of hanging the suite.
+
+mod backend_support;
+
+use backend_support::bits;
+use backend_support::cases::{Case, Gemv};
+use kvcore::backend::{Backend, DType};
+use kvcore_rayon::Rayon;
+use kvcore_simd::Simd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Generous: every scenario takes well under a second on an idle 2-core machine.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// Runs `f` on its own thread and fails if it does not finish within [`WATCHDOG`].
+fn within_watchdog(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(WATCHDOG) {
+        Ok(()) => {}
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no result in {WATCHDOG:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the scenario panicked"),
+    }
+}
+
+/// A parallel GEMV (SmolLM2's FFN up projection) and its bits from the inner backend.
+fn gemv_case() -> (Gemv, Vec<u32>) {
+    let case = Gemv::new(DType::Q4_1, 1536, 576, 0x5c0e);
+    let want = bits(&case.run(&Simd::new()));
+    (case, want)
+}
+
+#[test]
+fn scope_runs_f_on_a_pool_worker_and_returns_its_result() {
+    within_watchdog("scope result", || {
+        let pool = Rayon::new(Simd::new(), 2).expect("pool");
+        let (case, want) = gemv_case();
+        let (on_worker, got) = pool.scope(|| (rayon::current_thread_index(), case.run(&pool)));
+        assert!(on_worker.is_some(), "f did not run on a pool worker");
+        assert_eq!(bits(&got), want);
+    });
+}
+
+#[test]
+fn nested_scopes_complete() {
+    within_watchdog("nested scopes", || {
+        let pool = Rayon::new(Simd::new(), 2).expect("pool");
+        let (case, want) = gemv_case();
+        let got = pool.scope(|| pool.scope(|| pool.scope(|| case.run(&pool))));
+        assert_eq!(bits(&got), want);
+    });
+}
+
+#[test]
+fn concurrent_callers_share_one_backend() {
+    for threads in [2, 3, 5] {
+        within_watchdog("concurrent callers", move || {
+            let pool = Rayon::new(Simd::new(), threads).expect("pool");
+            let (case, want) = gemv_case();
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for i in 0..40 {
+                            // Alternate scoped passes with bare kernel calls.
+                            let got = if i % 2 == 0 {
+                                pool.scope(|| case.run(&pool))
+                            } else {
+                                case.run(&pool)
+                            };
+                            assert_eq!(bits(&got), want, "{threads} threads, call {i}");
+                        }
+                    });
+                }
+            });
+        });
+    }
+}
+
+#[test]
+fn a_panicking_pass_propagates_and_leaves_the_backend_usable() {
+    within_watchdog("panicking pass", || {
+        let pool = Rayon::new(Simd::new(), 2).expect("pool");
+        let (case, want) = gemv_case();
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            pool.scope(|| {
+                let _ = case.run(&pool);
+                panic!("deliberate");
+            })
+        }));
+        assert!(caught.is_err(), "the panic in f did not reach the caller");
+        assert_eq!(bits(&pool.scope(|| case.run(&pool))), want);
+    });
+}
