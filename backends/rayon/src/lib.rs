@@ -352,7 +352,7 @@ fn run_one_or_pause(idle: &mut u32) {
         return;
     }
     *idle += 1;
-    if *idle % SPINS_PER_YIELD == 0 {
+    if idle.is_multiple_of(SPINS_PER_YIELD) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
