@@ -2,11 +2,11 @@
 //!
 //! Decoding (shared by the GEMV and by `dequantize`): each 32-weight block becomes four
 //! 8-lane f32 vectors holding weights `0..8, 8..16, 16..24, 24..32`.
-//! - `Q4_*`: the 16 packed bytes are split into low nibbles (weights `0..16`) and high
-//!   nibbles (`16..32`) with a mask and a 16-bit shift, `Q4_0`'s offset 8 is subtracted
-//!   in 8-bit integers (exact), and 8 bytes at a time are sign-extended to i32 and
-//!   converted to f32 (exact: `|q| ≤ 15`).
-//! - `Q8_0`: 8 bytes at a time sign-extended and converted.
+//! - `Q4_*`: 8 packed bytes at a time are zero-extended to i32 straight from memory; in
+//!   each lane `byte & 15` is the low nibble (weights `0..16`) and `byte >> 4` the high
+//!   one (`16..32`); `Q4_0`'s offset 8 is subtracted in i32 and the lanes converted to
+//!   f32 (all exact: `|q| ≤ 15`).
+//! - `Q8_0`: 8 bytes at a time sign-extended from memory and converted.
 //! - `F16`: F16C `vcvtph2ps`; `BF16`: zero-extended to 32 bits and shifted left by 16;
 //!   `F32`: an unaligned load. All exact.
 //!
