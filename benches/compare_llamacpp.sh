@@ -10,7 +10,8 @@
 #           may include AVX-512 and VNNI that kvcore does not use.
 #
 # What it measures (every process wrapped in /usr/bin/time -v for its peak RSS):
-#  1. generate: RUNS alternating rounds of `kvcore generate --raw --greedy --json` and
+#  1. generate: RUNS alternating rounds of `kvcore generate --raw --greedy --json` (once
+#     per activation mode in KV_ACTS: f32, and q8 = llama.cpp's 8-bit activations) and
 #     benches/llamacpp_driver.py generate with the same prompt token ids (llama.cpp's own
 #     tokenizer is checked against `kvcore tokenize --json` first) and the same number
 #     of generated tokens; the order of the systems rotates each round. Figures:
@@ -18,7 +19,8 @@
 #  2. chat: RUNS rounds of a 16-token chat (`kvcore generate -p Hello -n 16 --greedy`)
 #     with --kv grow and --kv dense, and llama.cpp on the same chat-templated ids: peak
 #     RSS (and, as a floor for the Python driver, the RSS of `import llama_cpp` alone).
-#  3. bench: `kvcore bench` over scalar, simd and rayon at 1 and 2 threads, and the
+#  3. bench: `kvcore bench` over scalar, simd and rayon at 1 and 2 threads (each
+#     activation mode of KV_ACTS), and the
 #     driver's mirror of it (same xorshift token ids, warm-up + RUNS repetitions, fresh
 #     cache each) for each llama.cpp build at 1 and 2 threads.
 # Then it prints the medians and the kvcore/llama.cpp ratios (markdown), writes
@@ -27,7 +29,8 @@
 #
 # Usage: benches/compare_llamacpp.sh [MODEL.gguf]     (default: what `kvcore info` resolves)
 # Environment: THREADS (2), RUNS (5), N_GEN (128), BENCH_PP (64), BENCH_TG (64),
-#   BENCH_BACKENDS (scalar,simd,rayon), VARIANTS ("avx2 native"), OUT (target/bench-e2e),
+#   BENCH_BACKENDS (scalar,simd,rayon), VARIANTS ("avx2 native"), KV_ACTS ("f32 q8"),
+#   OUT (target/bench-e2e),
 #   CHARTS (1: draw the charts into docs/), SETUP_ONLY (1: build the venvs and stop).
 set -euo pipefail
 
@@ -41,6 +44,7 @@ BENCH_PP=${BENCH_PP:-64}
 BENCH_TG=${BENCH_TG:-64}
 BENCH_BACKENDS=${BENCH_BACKENDS:-scalar,simd,rayon}
 VARIANTS=${VARIANTS:-avx2 native}
+KV_ACTS=${KV_ACTS:-f32 q8}
 CHARTS=${CHARTS:-1}
 # A raw (untemplated) prompt of about a hundred tokens, so prefill is measured on a batch.
 PROMPT="The history of computing is a story of abstraction. Early machines were programmed \
@@ -142,17 +146,21 @@ llama_generate() {
 for v in $VARIANTS; do llama_generate "warm-gen-llama-$v" "$v" "$GEN_IDS" "$GEN_N"; done
 
 # --- 1 and 2: alternating rounds ---------------------------------------------------
-systems=(kvcore)
+systems=()
+for a in $KV_ACTS; do systems+=("kvcore-$a"); done
 for v in $VARIANTS; do systems+=("llama-$v"); done
 for ((run = 1; run <= RUNS; run++)); do
     n=${#systems[@]}
     for ((i = 0; i < n; i++)); do
         s=${systems[$(((i + run - 1) % n))]}
         log "round $run/$RUNS: $s"
-        if [ "$s" = kvcore ]; then
-            timed "gen-kvcore-$run" "${kv_gen[@]}"
-            timed "chat-kvcore-grow-$run" "${kv_chat[@]}" --kv grow
-            timed "chat-kvcore-dense-$run" "${kv_chat[@]}" --kv dense
+        if [ "${s%-*}" = kvcore ]; then
+            timed "gen-$s-$run" "${kv_gen[@]}" --activations "${s#kvcore-}"
+            # The chat's peak RSS, with the first activation mode only.
+            if [ "$s" = "${systems[0]}" ]; then
+                timed "chat-kvcore-grow-$run" "${kv_chat[@]}" --kv grow --activations "${s#kvcore-}"
+                timed "chat-kvcore-dense-$run" "${kv_chat[@]}" --kv dense --activations "${s#kvcore-}"
+            fi
         else
             llama_generate "gen-$s-$run" "${s#llama-}" "$GEN_IDS" "$GEN_N"
             llama_generate "chat-$s-$run" "${s#llama-}" "$CHAT_IDS" "$CHAT_GEN"
@@ -168,7 +176,7 @@ done
 # --- 3: bench ----------------------------------------------------------------------
 log "kvcore bench ($BENCH_BACKENDS, threads 1,$THREADS)"
 timed bench-kvcore "$BIN" bench "$MODEL" -p "$BENCH_PP" -n "$BENCH_TG" -r "$RUNS" \
-    --backend "$BENCH_BACKENDS" -t "1,$THREADS" -c "$CTX" --json
+    --backend "$BENCH_BACKENDS" -t "1,$THREADS" -c "$CTX" --activations "${KV_ACTS// /,}" --json
 for v in $VARIANTS; do
     for t in 1 "$THREADS"; do
         log "llama.cpp bench ($v, $t threads)"
@@ -212,12 +220,13 @@ json.dump(
 PY
 
 # --- summary -----------------------------------------------------------------------
-python3 - "$RAW" "$OUT" "$RUNS" "$VARIANTS" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$MODEL" <<'PY'
+python3 - "$RAW" "$OUT" "$RUNS" "$VARIANTS" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$MODEL" "$KV_ACTS" <<'PY'
 import json, re, statistics, sys
 from pathlib import Path
 
-raw, out, runs, variants, threads, version, model = sys.argv[1:]
+raw, out, runs, variants, threads, version, model, acts = sys.argv[1:]
 raw, out, runs, variants, threads = Path(raw), Path(out), int(runs), variants.split(), int(threads)
+kvs = [f"kvcore-{a}" for a in acts.split()]
 MIB = 1024 * 1024
 
 def load(name):
@@ -231,7 +240,7 @@ def rss(name):
 def spread(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
-systems = ["kvcore"] + [f"llama-{v}" for v in variants]
+systems = kvs + [f"llama-{v}" for v in variants]
 gen, chat = {}, {}
 agree = {}
 for s in systems:
@@ -243,8 +252,8 @@ for s in systems:
         "peak_rss_mib": spread([rss(f"gen-{s}-{r}") / MIB for r in range(1, runs + 1)]),
     }
     toks = docs[0]["tokens"]
-    if s != "kvcore":
-        k = load("gen-kvcore-1")["tokens"]
+    if s != kvs[0]:
+        k = load(f"gen-{kvs[0]}-1")["tokens"]
         agree[s] = next((i for i, (a, b) in enumerate(zip(k, toks)) if a != b), min(len(k), len(toks)))
 chat_names = {"kvcore --kv grow": "chat-kvcore-grow", "kvcore --kv dense": "chat-kvcore-dense"}
 for v in variants:
@@ -263,22 +272,24 @@ for v in variants:
 
 lines = []
 p = lines.append
-p(f"## generate: {load('gen-kvcore-1')['stats']['prompt_token_count']}-token prompt, "
-  f"{load('gen-kvcore-1')['stats']['generated_token_count']} generated, {threads} threads, medians of {runs} alternating runs\n")
-p("| figure | kvcore | " + " | ".join(f"llama.cpp {v} | kvcore/llama.cpp {v}" for v in variants) + " |")
-p("|---|---:|" + "---:|---:|" * len(variants))
+first = load(f"gen-{kvs[0]}-1")["stats"]
+p(f"## generate: {first['prompt_token_count']}-token prompt, "
+  f"{first['generated_token_count']} generated, {threads} threads, medians of {runs} alternating runs\n")
+p("| figure | kvcore activations | kvcore | " + " | ".join(f"llama.cpp {v} | kvcore/llama.cpp {v}" for v in variants) + " |")
+p("|---|---|---:|" + "---:|---:|" * len(variants))
 for key, name, better in [
     ("prefill_tok_s", "prefill tok/s", "higher"),
     ("decode_tok_s", "decode tok/s", "higher"),
     ("ttft_ms", "time to first token (ms)", "lower"),
     ("peak_rss_mib", "peak RSS (MiB)", "lower"),
 ]:
-    k = gen["kvcore"][key]["median"]
-    cells = []
-    for v in variants:
-        l = gen[f"llama-{v}"][key]["median"]
-        cells.append(f"{l:.1f} | {k / l:.2f}x")
-    p(f"| {name} ({better} is better) | {k:.1f} | " + " | ".join(cells) + " |")
+    for s in kvs:
+        k = gen[s][key]["median"]
+        cells = []
+        for v in variants:
+            l = gen[f"llama-{v}"][key]["median"]
+            cells.append(f"{l:.1f} | {k / l:.2f}x")
+        p(f"| {name} ({better} is better) | {s[len('kvcore-'):]} | {k:.1f} | " + " | ".join(cells) + " |")
 p("")
 p("min–max: " + "; ".join(
     f"{s} " + ", ".join(f"{key} {gen[s][key]['min']:.1f}–{gen[s][key]['max']:.1f}" for key in gen[s])
@@ -286,7 +297,7 @@ p("min–max: " + "; ".join(
 p("llama.cpp re-tokenizes kvcore's prompt ids (generate, chat) to the same ids: " + ", ".join(
     f"{v} {load(f'gen-llama-{v}-1')['stats']['prompt_roundtrip_ok']}, {load(f'chat-llama-{v}-1')['stats']['prompt_roundtrip_ok']}"
     for v in variants))
-p("greedy tokens identical to kvcore's for the first: " + ", ".join(f"{s} {n}" for s, n in agree.items()))
+p(f"greedy tokens identical to {kvs[0]}'s for the first: " + ", ".join(f"{s} {n}" for s, n in agree.items()))
 p("")
 p(f"## peak RSS of a 16-token chat (MiB, medians of {runs})\n")
 p("| process | median | min–max |")
@@ -298,10 +309,10 @@ p(f"kvcore KV bytes in that chat: grow {kv_stats['kv_bytes'] / MIB:.2f} MiB ({kv
   f"dense {kv_stats_dense['kv_bytes'] / MIB:.2f} MiB ({kv_stats_dense['kv_capacity']} positions)")
 p("")
 p(f"## bench (tokens/s, median of {runs} after a warm-up)\n")
-p("| backend | threads | test | median | min–max |")
-p("|---|---:|---|---:|---:|")
+p("| backend | threads | activations | test | median | min–max |")
+p("|---|---:|---|---|---:|---:|")
 for r in bench:
-    p(f"| {r['backend']} | {r['threads']} | {r['test']} | {r['median_tok_s']:.1f} | {r['min_tok_s']:.1f}–{r['max_tok_s']:.1f} |")
+    p(f"| {r['backend']} | {r['threads']} | {r.get('activations', 'q8')} | {r['test']} | {r['median_tok_s']:.1f} | {r['min_tok_s']:.1f}–{r['max_tok_s']:.1f} |")
 summary = "\n".join(lines)
 print(summary)
 (out / "summary.md").write_text(summary + "\n")
@@ -319,7 +330,8 @@ def bars(test):
         if r["test"] != test:
             continue
         kv = not r["backend"].startswith("llama.cpp")
-        out.append({"label": f"{'kvcore ' if kv else ''}{r['backend']} ×{r['threads']}",
+        acts = f" {r['activations']}" if kv else ""
+        out.append({"label": f"{'kvcore ' if kv else ''}{r['backend']}{acts} ×{r['threads']}",
                     "system": "kvcore" if kv else "llama.cpp",
                     "median": r["median_tok_s"], "min": r["min_tok_s"], "max": r["max_tok_s"]})
     return out

@@ -5,6 +5,10 @@
 //!   `[576, 576]` (q/o projections), `[1536, 576]` (gate/up), `[576, 1536]` (down) and
 //!   `[49152, 576]` (output projection). Throughput: the weight bytes read, so the figure
 //!   compares directly with the memory bandwidth below.
+//! - `gemv_q8_<dtype>` (block formats): the same GEMVs with 8-bit activations
+//!   (`Backend::gemv_q8`, llama.cpp's integer dot products), beside the f32-activation
+//!   GEMV of the same backend as `<backend>-f32acts`, so the ratio is read off one run;
+//!   plus `quantize` of a 576- and a 1536-value activation vector.
 //! - `gemm_<dtype>`: prefill `Y ← X Wᵀ` with `n = 64` tokens at `[1536, 576]`.
 //!   Throughput: `2·n·rows·cols` flops. The `simd` F32 case is a single
 //!   `matrixmultiply::sgemm` call on the stored weights (strides, no copy), so it is
@@ -26,7 +30,7 @@ use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
 };
-use kvcore::backend::{AttnShape, Backend, DType, Weights};
+use kvcore::backend::{AttnShape, Backend, DType, Q8Acts, Weights, q8};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
@@ -123,6 +127,49 @@ fn gemv(c: &mut Criterion) {
     }
 }
 
+fn gemv_q8(c: &mut Criterion) {
+    let b = Backends::new();
+    for dtype in DType::ALL.into_iter().filter(|&d| q8::supports(d)) {
+        let mut group = c.benchmark_group(format!("gemv_q8_{dtype}"));
+        configure(&mut group);
+        for (rows, cols) in GEMV_SHAPES {
+            let bytes = matrix(dtype, rows, cols);
+            let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
+            let x = values(cols, 2);
+            let xq = Q8Acts::from_f32(&x).expect("whole blocks");
+            let mut y = vec![0.0f32; rows];
+            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            for be in b.each() {
+                let shape = format!("{rows}x{cols}");
+                let id = BenchmarkId::new(be.name(), &shape);
+                group.bench_function(id, |bench| {
+                    bench.iter(|| be.gemv_q8(&w, black_box(&xq), &mut y).expect("gemv_q8"))
+                });
+                if be.name() != "scalar" {
+                    let id = BenchmarkId::new(format!("{}-f32acts", be.name()), &shape);
+                    group.bench_function(id, |bench| {
+                        bench.iter(|| be.gemv(&w, black_box(&x), &mut y).expect("gemv"))
+                    });
+                }
+            }
+        }
+        group.finish();
+    }
+    let mut group = c.benchmark_group("quantize_q8");
+    configure(&mut group);
+    for n in [576, 1536] {
+        let x = values(n, 3);
+        let mut out = Q8Acts::new();
+        group.throughput(Throughput::Elements(n as u64));
+        for be in [&b.scalar as &dyn Backend, &b.simd] {
+            group.bench_function(BenchmarkId::new(be.name(), n), |bench| {
+                bench.iter(|| be.quantize_q8(black_box(&x), &mut out).expect("quantize"))
+            });
+        }
+    }
+    group.finish();
+}
+
 fn gemm(c: &mut Criterion) {
     let b = Backends::new();
     let (rows, cols) = GEMM_SHAPE;
@@ -196,5 +243,5 @@ fn bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(kernels, bandwidth, gemv, gemm, attention);
+criterion_group!(kernels, bandwidth, gemv, gemv_q8, gemm, attention);
 criterion_main!(kernels);

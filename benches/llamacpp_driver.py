@@ -22,6 +22,13 @@ Three subcommands, each printing one JSON object on stdout:
       the cache cleared before each; token ids are the same xorshift64 sequence kvcore
       uses (llama-bench also feeds random tokens).
 
+  reference-error  MODEL [--reference LOGITS_JSON]
+      How far llama.cpp's logits are from the float64 reference logits
+      (../shared/reference/.../logits.json): every prompt's prompt + greedy ids fed one
+      token at a time (the decode path), every listed top-20 logit compared.
+      {"worst": ..., "mean": ..., "top1_agree": k, "positions": n}. The yardstick for
+      the tolerances of kvcore's 8-bit activation golden test (tests/golden_q8.rs).
+
 The context is created with n_ctx = CTX (kvcore's max_ctx), n_batch = n_ubatch =
 max(512, longest batch), n_threads = n_threads_batch = THREADS and llama-cpp-python's
 other defaults (f16 KV cache, flash attention off, mmap on). The batch API is used
@@ -182,6 +189,25 @@ def cmd_bench(a):
     print()
 
 
+def cmd_reference_error(a):
+    with open(a.reference) as f:
+        prompts = json.load(f)
+    llm = load(a.model, a.threads, 512, 512)
+    s = Session(llm)
+    worst, total, count, agree, positions = 0.0, 0.0, 0, 0, 0
+    for p in prompts:
+        s.clear()
+        for tok, ref in zip(p["prompt_ids"] + p["greedy_ids"], p["positions"]):
+            row = s.decode([tok])
+            for tid, want in ref["top"]:
+                d = abs(float(row[tid]) - want)
+                worst, total, count = max(worst, d), total + d, count + 1
+            agree += int(int(np.argmax(row)) == ref["top"][0][0])
+            positions += 1
+    print(json.dumps({"worst": worst, "mean": total / count, "top1_agree": agree,
+                      "positions": positions}))
+
+
 def int_list(s):
     return [int(x) for x in s.split(",") if x]
 
@@ -211,6 +237,15 @@ def main():
     b.add_argument("-t", "--threads", type=int, default=2)
     b.add_argument("-c", "--ctx", type=int, required=True)
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("reference-error")
+    r.add_argument("model")
+    r.add_argument(
+        "--reference",
+        default="../shared/reference/smollm2-135m-instruct-q4_1/logits.json",
+    )
+    r.add_argument("-t", "--threads", type=int, default=2)
+    r.set_defaults(func=cmd_reference_error)
 
     a = p.parse_args()
     a.func(a)

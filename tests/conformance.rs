@@ -29,7 +29,7 @@ mod backend_support;
 mod quant_data;
 
 use backend_support::cases::{
-    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use backend_support::oracle::{self, Bounded, check_pair};
 use backend_support::{Matrix, Rng, bits, strategy::*};
@@ -489,6 +489,14 @@ macro_rules! conformance {
                     let cols = cols.max(dtype.block_len());
                     let m = Matrix::random(dtype, rows, cols, &mut Rng::new(seed));
                     quantized_matches_f32(b(), &m, n, seed ^ 1)?;
+                }
+
+                #[test]
+                fn gemv_q8(
+                    dtype in prop::sample::select(vec![DType::Q8_0, DType::Q4_0, DType::Q4_1]),
+                    blocks in 0usize..20, rows in dim(), seed in any::<u64>()
+                ) {
+                    conforms(b(), &GemvQ8::new(dtype, rows, blocks * 32, seed))?;
                 }
 
                 #[test]

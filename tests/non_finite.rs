@@ -8,6 +8,9 @@
 //! - GEMV/GEMM: a NaN in `x` makes every output NaN; a NaN in row `r` of `W` (an element,
 //!   or the f16 scale of a block) makes `y[r]` NaN; an infinity makes the outputs that
 //!   read it non-finite.
+//! - GEMV with 8-bit activations (`quantize_q8` + `gemv_q8`): a NaN or an infinity in
+//!   `x` makes its whole block's scale NaN, so every output is NaN (the f32 GEMV would
+//!   give NaN or ±inf); a NaN block scale in row `r` of `W` makes `y[r]` NaN only.
 //! - RMSNorm: a NaN in row `t` makes that whole row NaN (the mean square is NaN).
 //! - Softmax: a NaN anywhere in a row makes the whole row NaN, and so does a `+∞` in a
 //!   row with some finite entry (`∞ − ∞`, then a NaN sum). A fully masked row (every
@@ -23,6 +26,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use half::f16;
+use kvcore::backend::Q8Acts;
 use kvcore::gguf::GgufFile;
 use kvcore::model::tiny::TinyLlama;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling};
@@ -154,6 +158,58 @@ fn a_nan_block_scale_makes_its_row_nan() {
             let y = run(&bytes);
             check_local(
                 &format!("{name} {dtype} NaN scale"),
+                f32::NAN,
+                &clean,
+                &y,
+                |i| i == r,
+            );
+            bytes = saved;
+        }
+    }
+}
+
+#[test]
+fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
+    let (rows, cols) = (5, 96);
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        let w = values(rows * cols, 6);
+        let mut bytes: Vec<u8> = (0..rows)
+            .flat_map(|r| kvcore_scalar::quant::quantize_row(dtype, &w[r * cols..(r + 1) * cols]))
+            .collect();
+        let x = values(cols, 7);
+        for (name, b) in backends() {
+            let run = |bytes: &[u8], x: &[f32]| {
+                let wv = Weights::new(dtype, rows, cols, bytes).unwrap();
+                let mut xq = Q8Acts::new();
+                b.quantize_q8(x, &mut xq).unwrap();
+                let mut y = vec![0.0; rows];
+                b.gemv_q8(&wv, &xq, &mut y).unwrap();
+                y
+            };
+            let clean = run(&bytes, &x);
+            assert!(
+                clean.iter().all(|v| v.is_finite()),
+                "{name} {dtype}: {clean:?}"
+            );
+            for poison in POISONS {
+                let mut xp = x.clone();
+                xp[40] = poison;
+                let y = run(&bytes, &xp);
+                check_local(
+                    &format!("{name} {dtype} q8 x = {poison}"),
+                    f32::NAN,
+                    &clean,
+                    &y,
+                    |_| true,
+                );
+            }
+            let r = 3;
+            let at = r * dtype.row_bytes(cols).unwrap() + 2 * dtype.block_bytes();
+            let saved = bytes.clone();
+            bytes[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
+            let y = run(&bytes, &x);
+            check_local(
+                &format!("{name} {dtype} q8 NaN scale"),
                 f32::NAN,
                 &clean,
                 &y,

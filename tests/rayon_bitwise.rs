@@ -8,7 +8,7 @@
 mod backend_support;
 
 use backend_support::cases::{
-    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use backend_support::{bits, strategy::*};
 use kvcore::backend::{AttnShape, Backend, DType, RopeStyle};
@@ -57,6 +57,12 @@ fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
         }
     }
     same_bits(inner, pools, &Gemv::new(DType::Q8_0, 49152, 576, 0xb16));
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for (rows, cols) in [(576, 576), (192, 576), (1536, 576), (576, 1536)] {
+            same_bits(inner, pools, &GemvQ8::new(dtype, rows, cols, 0x98));
+        }
+    }
+    same_bits(inner, pools, &GemvQ8::new(DType::Q8_0, 49152, 576, 0xb17));
 }
 
 fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
@@ -140,6 +146,9 @@ macro_rules! bitwise_suite {
                     n in 0usize..5, seed in any::<u64>()
                 ) {
                     same_bits(&*INNER, &POOLS, &Gemv::new(dtype, rows, cols, seed));
+                    if kvcore::backend::q8::supports(dtype) {
+                        same_bits(&*INNER, &POOLS, &GemvQ8::new(dtype, rows, cols, seed));
+                    }
                     let cols = cols.max(dtype.block_len());
                     same_bits(&*INNER, &POOLS, &Gemm::new(dtype, rows, cols, n, seed));
                 }

@@ -5,6 +5,7 @@
 //! dispatcher instantiates it once per backend, so the hot loops stay monomorphised.
 
 use kvcore::Backend;
+use kvcore::model::Activations;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -78,6 +79,15 @@ impl fmt::Display for KvChoice {
             KvChoice::Grow => "grow",
             KvChoice::Dense => "dense",
         })
+    }
+}
+
+/// Parses `--activations`: `f32` or `q8`.
+pub fn parse_activations(s: &str) -> Result<Activations, String> {
+    match s {
+        "f32" => Ok(Activations::F32),
+        "q8" => Ok(Activations::Q8),
+        other => Err(format!("unknown activations {other:?}; valid: f32, q8")),
     }
 }
 

@@ -12,7 +12,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::peak_rss_bytes;
-use kvcore::model::{Llama, Logits};
+use kvcore::model::{Activations, Llama, Logits};
 use kvcore::{Backend, DenseKv, GrowKv, KvStore};
 use std::time::Instant;
 
@@ -22,6 +22,8 @@ pub struct BenchRow {
     pub backend: String,
     pub threads: usize,
     pub kv: String,
+    /// `"f32"` or `"q8"`.
+    pub activations: String,
     /// `"pp64"`, `"tg128"`, ...
     pub test: String,
     pub tokens: usize,
@@ -43,6 +45,7 @@ pub struct Plan {
     pub gen_sizes: Vec<usize>,
     pub reps: usize,
     pub kv: KvChoice,
+    pub activations: Vec<Activations>,
     pub ctx: usize,
 }
 
@@ -78,8 +81,8 @@ struct BenchJob<'a> {
 impl Job for BenchJob<'_> {
     type Output = Vec<BenchRow>;
     fn run<B: Backend>(self, b: B) -> anyhow::Result<Vec<BenchRow>> {
-        let model = Llama::load(self.file, b)?;
-        let c = model.config();
+        let mut model = Llama::load(self.file, b)?;
+        let c = model.config().clone();
         let ctx = self.plan.ctx.min(c.context_len);
         let mut rows = Vec::new();
         let tests = self
@@ -88,7 +91,14 @@ impl Job for BenchJob<'_> {
             .iter()
             .map(|&n| (true, n))
             .chain(self.plan.gen_sizes.iter().map(|&n| (false, n)));
-        for (prefill, n) in tests {
+        let tests: Vec<_> = self
+            .plan
+            .activations
+            .iter()
+            .flat_map(|&a| tests.clone().map(move |(p, n)| (a, p, n)))
+            .collect();
+        for (acts, prefill, n) in tests {
+            model = model.with_activations(acts);
             if n == 0 || n > ctx {
                 bail!("test size {n} must be between 1 and the context ({ctx})");
             }
@@ -117,6 +127,7 @@ impl Job for BenchJob<'_> {
                 backend: model.backend().name().to_string(),
                 threads: model.backend().threads(),
                 kv: self.plan.kv.to_string(),
+                activations: acts.name().to_string(),
                 test: format!("{}{n}", if prefill { "pp" } else { "tg" }),
                 tokens: n,
                 median_tok_s: median(&tok_s),
@@ -169,7 +180,8 @@ pub fn run(
             }
         }
     }
-    let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len()) * (plan.reps + 1);
+    let per_combo =
+        (plan.prompt_sizes.len() + plan.gen_sizes.len()) * plan.activations.len() * (plan.reps + 1);
     let bar = ProgressBar::new((combos.len() * per_combo) as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
@@ -196,14 +208,15 @@ pub fn run(
 /// The rows as a markdown table.
 pub fn markdown(rows: &[BenchRow]) -> String {
     let mut s = String::from(
-        "| backend | threads | kv | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---:|---:|---:|---:|\n",
+        "| backend | threads | kv | acts | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---|---:|---:|---:|---:|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
             r.backend,
             r.threads,
             r.kv,
+            r.activations,
             r.test,
             r.median_tok_s,
             r.min_tok_s,

@@ -5,7 +5,7 @@ use crate::{BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, TokenizeArg
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
-use kvcore::model::{self, Generation, Llama, Sampler, Sampling, fetch};
+use kvcore::model::{self, Activations, Generation, Llama, Sampler, Sampling, fetch};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use kvcore::{Backend, DenseKv, GrowKv, KvStore};
 use std::io::Write;
@@ -121,15 +121,24 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     struct Embed {
         file: GgufFile,
         ids: Vec<u32>,
+        activations: Activations,
     }
     impl Job for Embed {
         type Output = Vec<f32>;
         fn run<B: Backend>(self, b: B) -> anyhow::Result<Vec<f32>> {
-            let model = Llama::load(self.file, b)?;
+            let model = Llama::load(self.file, b)?.with_activations(self.activations);
             Ok(model.embed(&self.ids)?)
         }
     }
-    let v = backends::dispatch(a.model.backend, threads, Embed { file, ids })?;
+    let v = backends::dispatch(
+        a.model.backend,
+        threads,
+        Embed {
+            file,
+            ids,
+            activations: a.model.activations,
+        },
+    )?;
     println!("{}", serde_json::to_string(&v)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -190,7 +199,7 @@ struct GenerateJob {
 impl Job for GenerateJob {
     type Output = ExitCode;
     fn run<B: Backend>(self, b: B) -> anyhow::Result<ExitCode> {
-        let model = Llama::load(self.file, b)?;
+        let model = Llama::load(self.file, b)?.with_activations(self.args.model.activations);
         let trained = model.config().context_len;
         let max_ctx = self.args.ctx.unwrap_or(trained);
         if max_ctx > trained {
@@ -278,7 +287,7 @@ fn run_generation<B: Backend, K: KvStore>(
         if let Some(e) = write_err {
             return Err(e.into());
         }
-        print_stats(&generation, &kv);
+        print_stats(&generation, &kv, model.activations());
     } else {
         let shown: Vec<u32> = generation
             .tokens
@@ -303,6 +312,7 @@ fn run_generation<B: Backend, K: KvStore>(
                 "peak_rss_bytes": s.peak_rss_bytes,
                 "backend": s.backend,
                 "threads": s.threads,
+                "activations": model.activations().name(),
                 "prompt_token_count": s.prompt_tokens,
                 "generated_token_count": s.generated_tokens,
             }
@@ -323,7 +333,7 @@ fn dense_bytes<K: KvStore>(kv: &K) -> usize {
     2 * kv.n_layers() * kv.max_ctx() * kv.kv_dim() * std::mem::size_of::<f32>()
 }
 
-fn print_stats<K: KvStore>(g: &Generation, kv: &K) {
+fn print_stats<K: KvStore>(g: &Generation, kv: &K, acts: Activations) {
     let s = &g.stats;
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     eprintln!(
@@ -335,14 +345,15 @@ fn print_stats<K: KvStore>(g: &Generation, kv: &K) {
         s.decode_tok_s()
     );
     eprintln!(
-        "[kv {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads]",
+        "[kv {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
         mib(s.kv_bytes),
         s.kv_capacity,
         kv.max_ctx(),
         mib(dense_bytes(kv)),
         s.peak_rss_bytes as f64 / (1024.0 * 1024.0),
         s.backend,
-        s.threads
+        s.threads,
+        acts.name()
     );
 }
 
@@ -364,6 +375,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
         gen_sizes: a.gen_sizes.clone(),
         reps: a.reps,
         kv: a.kv,
+        activations: a.activations.clone(),
         ctx: a.ctx.unwrap_or(usize::MAX),
     };
     let rows = crate::bench::run(&path, &a.backend, &threads, &plan)?;

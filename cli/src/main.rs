@@ -7,8 +7,9 @@ mod backends;
 mod bench;
 mod commands;
 
-use backends::{BackendChoice, KvChoice};
+use backends::{BackendChoice, KvChoice, parse_activations};
 use clap::{Args, Parser, Subcommand};
+use kvcore::model::Activations;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,6 +50,10 @@ struct ModelArgs {
     /// Worker threads for the rayon backend [default: all cores].
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Activations of the decode matmuls: f32, or q8 (8-bit, llama.cpp's numerics:
+    /// faster, less accurate).
+    #[arg(long, default_value = "f32", value_parser = parse_activations)]
+    activations: Activations,
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +152,9 @@ struct BenchArgs {
     /// KV store: grow or dense.
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
+    /// Activations of the decode matmuls, comma-separated: f32, q8.
+    #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_activations)]
+    activations: Vec<Activations>,
     /// Context size (the KV store's max_ctx) [default: the model's].
     #[arg(short = 'c', long)]
     ctx: Option<usize>,

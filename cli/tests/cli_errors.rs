@@ -163,6 +163,20 @@ fn an_unknown_backend_is_refused() {
 }
 
 #[test]
+fn unknown_activations_are_refused() {
+    let dir = temp_dir("activations");
+    let out = run(&[
+        "generate",
+        &tiny_model(&dir),
+        "--activations",
+        "int4",
+        "-p",
+        "hi",
+    ]);
+    fails_in_one_line(&out, &["int4", "--activations", "f32, q8"]);
+}
+
+#[test]
 fn a_model_without_a_tokenizer_is_refused() {
     let dir = temp_dir("no_tokenizer");
     let out = run(&["tokenize", &tiny_model(&dir), "hi"]);

@@ -201,3 +201,45 @@ fn tokenize_embed_and_info() {
     assert!(info.contains("token_embd.weight"), "{info}");
     assert!(info.contains("Q8_0"), "{info}");
 }
+
+/// `--activations q8` runs the 8-bit path and says so; `bench` measures both modes and
+/// labels its rows (`tests/golden_q8.rs` checks the q8 logits themselves).
+#[test]
+fn activations_q8_in_generate_and_bench() {
+    let json = generate_json(&["-p", "Hello", "-n", "4", "--greedy", "--activations", "q8"]);
+    assert_eq!(json["stats"]["activations"], "q8");
+    assert_eq!(json["stats"]["generated_token_count"], 4);
+    let json = generate_json(&["-p", "Hello", "-n", "1", "--greedy"]);
+    assert_eq!(json["stats"]["activations"], "f32");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+        .arg("bench")
+        .arg(model())
+        .args(["-p", "4", "-n", "3", "-r", "1", "--backend", "simd"])
+        .args(["--activations", "f32,q8", "--json"])
+        .output()
+        .expect("run kvcore bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let labels: Vec<(String, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["activations"].as_str().unwrap().to_string(),
+                r["test"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> =
+        [("f32", "pp4"), ("f32", "tg3"), ("q8", "pp4"), ("q8", "tg3")]
+            .iter()
+            .map(|(a, t)| (a.to_string(), t.to_string()))
+            .collect();
+    assert_eq!(labels, want);
+}

@@ -14,9 +14,11 @@
 //!   the mismatch; once the shapes are checked a kernel cannot fail.
 
 mod dtype;
+pub mod q8;
 mod shape;
 
 pub use dtype::{DType, QK};
+pub use q8::Q8Acts;
 pub use shape::{ShapeError, check};
 
 use std::ops::Range;
@@ -199,6 +201,22 @@ pub trait Backend: Send + Sync {
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`. Accumulates in f32.
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError>;
 
+    /// Quantises activations to 8 bits for [`gemv_q8`](Backend::gemv_q8): `out ← q8(x)`,
+    /// bit for bit as the reference [`Q8Acts::quantize`] (see [`q8`]). `x.len()` must be
+    /// a multiple of 32. The default is the reference.
+    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        out.quantize(x)
+    }
+
+    /// GEMV with 8-bit activations, llama.cpp's decode numerics: `y ← W x̂` for a
+    /// block-quantised `w` (`Q8_0`, `Q4_0`, `Q4_1`) and `x̂` from
+    /// [`quantize_q8`](Backend::quantize_q8), with integer block dot products (see [`q8`]).
+    /// Plain-format weights are [`ShapeError::Unsupported`]. The default is the reference
+    /// [`q8::gemv_reference`].
+    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
+        q8::gemv_reference(w, x, y)
+    }
+
     /// GEMM, the prefill path: `Y ← X Wᵀ`.
     ///
     /// `w: [rows, cols]`, `x: [n, cols]`, `y: [n, rows]`, with `n = x.len() / cols`.
@@ -315,6 +333,12 @@ impl<B: Backend + ?Sized> Backend for &B {
     }
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemv(w, x, y)
+    }
+    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        (**self).quantize_q8(x, out)
+    }
+    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).gemv_q8(w, x, y)
     }
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemm(w, x, y)

@@ -34,6 +34,8 @@ pub enum ShapeError {
         index: usize,
         len: usize,
     },
+    #[error("{what}: not available for {dtype} weights")]
+    Unsupported { what: &'static str, dtype: DType },
     #[error("invalid geometry: {0}")]
     Geometry(&'static str),
     #[error("size overflow computing {what}")]

@@ -15,9 +15,15 @@
 //! then `logits = rms_norm(x) ⊙ output_norm · Woutᵀ` (`Wout` is the token embedding when
 //! the file has no `output.weight`). Weights stay in the memory-mapped file in their stored
 //! format; only the tiny norm vectors are decoded to f32 at load.
+//!
+//! Activations are f32 by default. With [`Activations::Q8`] (llama.cpp's numerics) a
+//! one-token pass quantises each matmul input to 8 bits once — `xn` for q/k/v and for
+//! gate/up, the attention output, the SwiGLU output, the final `xn` — and runs the
+//! block-quantised matrices through `Backend::gemv_q8` (integer dot products; see
+//! `backend::q8`). Plain-format matrices and multi-token passes (prefill, GEMM) stay f32.
 
 use super::{LlamaConfig, ModelError};
-use crate::backend::{AttnShape, Backend, Rope, Weights};
+use crate::backend::{AttnShape, Backend, Q8Acts, Rope, Weights, q8};
 use crate::gguf::GgufFile;
 use crate::kv::{GrowKv, KvError, KvStore};
 use ndarray::{Array2, Axis};
@@ -31,6 +37,36 @@ pub enum Logits {
     All,
     /// None: fill the KV cache only (`[0, vocab]`).
     None,
+}
+
+/// The precision of the activations entering the decode GEMVs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Activations {
+    /// f32 throughout (the default): weights dequantised exactly, within ~1e-4 of a
+    /// float64 forward pass.
+    #[default]
+    F32,
+    /// 8-bit activations against block-quantised weights in one-token passes, as
+    /// llama.cpp computes: faster, and further from the float64 reference (see
+    /// `backend::q8`).
+    Q8,
+}
+
+impl Activations {
+    /// `"f32"` or `"q8"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Activations::F32 => "f32",
+            Activations::Q8 => "q8",
+        }
+    }
+}
+
+/// A matmul input shared by the matmuls that read it: the f32 rows and, when 8-bit
+/// activations apply, their quantised form (computed once).
+struct Input<'x> {
+    x: &'x Array2<f32>,
+    q8: Option<Q8Acts>,
 }
 
 /// Index of a matrix tensor in the file, with its shape checked at load.
@@ -64,6 +100,7 @@ pub struct Llama<B: Backend> {
     output_norm: Vec<f32>, // [d_model]
     output: MatRef,        // [vocab, d_model]
     blocks: Vec<Block>,
+    activations: Activations,
 }
 
 impl<B: Backend> Llama<B> {
@@ -128,7 +165,19 @@ impl<B: Backend> Llama<B> {
             output_norm,
             output,
             blocks,
+            activations: Activations::F32,
         })
+    }
+
+    /// The same model computing with `activations` (see [`Activations`]).
+    pub fn with_activations(mut self, activations: Activations) -> Self {
+        self.activations = activations;
+        self
+    }
+
+    /// The activation precision of the decode GEMVs.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// The model's hyper-parameters.
@@ -158,17 +207,32 @@ impl<B: Backend> Llama<B> {
             .expect("tensor validated at load")
     }
 
-    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several.
-    fn matmul(&self, m: MatRef, x: &Array2<f32>) -> Result<Array2<f32>, ModelError> {
-        let w = self.weights(m);
-        let n = x.nrows();
-        let mut y = Array2::<f32>::zeros((n, w.rows()));
-        let xs = x.as_slice().expect("activations are standard-layout");
-        let ys = y.as_slice_mut().expect("fresh array is standard-layout");
-        if n == 1 {
-            self.backend.gemv(&w, xs, ys)?;
+    /// `x` as a matmul input: quantised to 8 bits too when the model uses
+    /// [`Activations::Q8`] and `x` is one token.
+    fn input<'x>(&self, x: &'x Array2<f32>) -> Result<Input<'x>, ModelError> {
+        let q8 = if self.activations == Activations::Q8 && x.nrows() == 1 {
+            let mut q = Q8Acts::new();
+            let xs = x.as_slice().expect("activations are standard-layout");
+            self.backend.quantize_q8(xs, &mut q)?;
+            Some(q)
         } else {
-            self.backend.gemm(&w, xs, ys)?;
+            None
+        };
+        Ok(Input { x, q8 })
+    }
+
+    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token (with the 8-bit input when
+    /// there is one and `W` is block-quantised), a GEMM for several.
+    fn matmul(&self, m: MatRef, x: &Input<'_>) -> Result<Array2<f32>, ModelError> {
+        let w = self.weights(m);
+        let n = x.x.nrows();
+        let mut y = Array2::<f32>::zeros((n, w.rows()));
+        let xs = x.x.as_slice().expect("activations are standard-layout");
+        let ys = y.as_slice_mut().expect("fresh array is standard-layout");
+        match &x.q8 {
+            Some(q) if n == 1 && q8::supports(w.dtype()) => self.backend.gemv_q8(&w, q, ys)?,
+            _ if n == 1 => self.backend.gemv(&w, xs, ys)?,
+            _ => self.backend.gemm(&w, xs, ys)?,
         }
         Ok(y)
     }
@@ -219,7 +283,7 @@ impl<B: Backend> Llama<B> {
             Logits::All => x,
         };
         let xn = self.rms_norm(&rows, &self.output_norm)?; // [rows, d_model]
-        self.matmul(self.output, &xn) // [rows, vocab]
+        self.matmul(self.output, &self.input(&xn)?) // [rows, vocab]
     }
 
     /// The residual stream after the last block, `[n, d_model]` (before the output norm),
@@ -275,6 +339,7 @@ impl<B: Backend> Llama<B> {
         for (layer, blk) in self.blocks.iter().enumerate() {
             // Attention.
             let xn = self.rms_norm(&x, &blk.attn_norm)?; // [n, d_model]
+            let xn = self.input(&xn)?;
             let mut q = self.matmul(blk.wq, &xn)?; // [n, q_dim]
             let mut k = self.matmul(blk.wk, &xn)?; // [n, kv_dim]
             let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
@@ -304,11 +369,12 @@ impl<B: Backend> Llama<B> {
                 att.as_slice_mut().expect("std"),
                 &attn_shape,
             )?;
-            let o = self.matmul(blk.wo, &att)?; // [n, d_model]
+            let o = self.matmul(blk.wo, &self.input(&att)?)?; // [n, d_model]
             self.residual(&mut x, &o)?;
 
             // Feed-forward (SwiGLU).
             let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [n, d_model]
+            let xn = self.input(&xn)?;
             let gate = self.matmul(blk.w_gate, &xn)?; // [n, ffn_dim]
             let up = self.matmul(blk.w_up, &xn)?; // [n, ffn_dim]
             let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [n, ffn_dim]
@@ -317,7 +383,7 @@ impl<B: Backend> Llama<B> {
                 up.as_slice().expect("std"),
                 h.as_slice_mut().expect("std"),
             )?;
-            let down = self.matmul(blk.w_down, &h)?; // [n, d_model]
+            let down = self.matmul(blk.w_down, &self.input(&h)?)?; // [n, d_model]
             self.residual(&mut x, &down)?;
         }
 

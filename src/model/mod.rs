@@ -13,7 +13,7 @@ pub mod tiny;
 
 pub use config::LlamaConfig;
 pub use generate::{GenStats, Generation, Sampler, Sampling, generate};
-pub use llama::{Llama, Logits};
+pub use llama::{Activations, Llama, Logits};
 
 use crate::backend::ShapeError;
 use crate::gguf::GgufError;

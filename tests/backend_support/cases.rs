@@ -5,7 +5,7 @@
 
 use super::oracle::{self, Bounded};
 use super::{Matrix, Rng};
-use kvcore::backend::{AttnShape, Backend, DType, Rope, RopeStyle};
+use kvcore::backend::{AttnShape, Backend, DType, Q8Acts, Rope, RopeStyle};
 
 /// A kernel call with fixed inputs.
 pub trait Case {
@@ -44,6 +44,40 @@ impl Case for Gemv {
     }
     fn oracle(&self) -> Vec<Bounded> {
         oracle::gemv(&self.m, &self.x)
+    }
+}
+
+/// `y ← W x̂` with 8-bit activations: the backend quantises `x` (`quantize_q8`) and runs
+/// `gemv_q8`. `W` is a block format.
+pub struct GemvQ8 {
+    pub m: Matrix,
+    pub x: Vec<f32>,
+}
+
+impl GemvQ8 {
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let g = Gemv::new(dtype, rows, cols, seed);
+        GemvQ8 { m: g.m, x: g.x }
+    }
+}
+
+impl Case for GemvQ8 {
+    fn label(&self) -> String {
+        format!(
+            "gemv_q8 {} [{}, {}]",
+            self.m.dtype, self.m.rows, self.m.cols
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut xq = Q8Acts::new();
+        b.quantize_q8(&self.x, &mut xq).expect("whole blocks");
+        let mut y = vec![f32::NAN; self.m.rows];
+        b.gemv_q8(&self.m.weights(), &xq, &mut y)
+            .expect("gemv_q8 shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemv_q8(&self.m, &self.x)
     }
 }
 

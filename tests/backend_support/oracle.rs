@@ -79,6 +79,29 @@ pub fn gemv(m: &Matrix, x: &[f32]) -> Vec<Bounded> {
     (0..m.rows).map(|r| dot_bounded(&m.row(r), x)).collect()
 }
 
+/// `y = W x̂` with `x̂` the reference 8-bit quantisation of `x` (`kvcore::backend::q8`):
+/// the formula's exact value from `q8::row_terms` (integer dot products, f64 scaling).
+/// Bound: every term carries at most 3 roundings (`d_w·d_a`, its product with a partial
+/// integer dot, or `m·(d_a·s)`), and a kernel sums at most `K = 9·blocks` terms (8
+/// partial dots and 1 offset per block) in any order, so `(K + 3)·u·Σ_b mag_b`, plus
+/// [`TINY`] per term. The quantisation itself must be exact (it is compared bit for bit
+/// in the SIMD path tests).
+pub fn gemv_q8(m: &Matrix, x: &[f32]) -> Vec<Bounded> {
+    let xq = kvcore::backend::Q8Acts::from_f32(x).expect("whole blocks");
+    let w = m.weights();
+    let k = 9.0 * (m.cols / kvcore::backend::QK) as f64;
+    (0..m.rows)
+        .map(|r| {
+            let (value, mag) = kvcore::backend::q8::row_terms(&w, r, &xq)
+                .fold((0.0, 0.0), |(v, a), (t, b)| (v + t, a + b));
+            Bounded {
+                value,
+                bound: (k + 3.0) * (U * mag + TINY),
+            }
+        })
+        .collect()
+}
+
 /// `Y = X Wᵀ`, `[n, rows]`.
 pub fn gemm(m: &Matrix, x: &[f32]) -> Vec<Bounded> {
     let rows: Vec<Vec<Decoded>> = (0..m.rows).map(|r| m.row(r)).collect();

@@ -6,13 +6,13 @@
 //!
 //! | op | split along | pieces call |
 //! |----|-------------|-------------|
-//! | `gemv` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv` |
+//! | `gemv`, `gemv_q8` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv`, `inner.gemv_q8` |
 //! | `gemm` | output rows of `W`; each piece fills a `[n, rows_piece]` scratch that is copied into the columns of `Y` | `inner.gemm` |
 //! | `attention` | (new row, query head) pairs | `inner.attend_head` |
 //! | `rope` | tokens | `inner.rope` |
 //! | `rms_norm` | rows | `inner.rms_norm` |
 //! | `swiglu`, `add` | element ranges | `inner.swiglu`, `inner.add` |
-//! | `softmax`, `embed_row`, `attend_head` | not split | the inner op |
+//! | `softmax`, `embed_row`, `attend_head`, `quantize_q8` | not split | the inner op |
 //!
 //! It never splits inside a reduction (a dot product, a softmax sum, a sum of squares),
 //! so each output is computed by exactly the code and in exactly the order the inner
@@ -51,7 +51,7 @@ mod split;
 
 pub use error::RayonError;
 
-use kvcore::backend::{AttnShape, Backend, Rope, ShapeError, Weights, check};
+use kvcore::backend::{AttnShape, Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -164,6 +164,25 @@ impl<B: Backend> Backend for Rayon<B> {
                 let start = i * rc;
                 self.inner
                     .gemv(&w.slice_rows(start..start + yc.len()), x, yc)
+            })
+        })
+    }
+
+    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        self.inner.quantize_q8(x, out)
+    }
+
+    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
+        q8::check_gemv(w, x, y)?;
+        if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
+            return self.inner.gemv_q8(w, x, y);
+        }
+        let rc = self.chunk(w.rows(), ALIGN);
+        self.pool.install(|| {
+            y.par_chunks_mut(rc).enumerate().try_for_each(|(i, yc)| {
+                let start = i * rc;
+                self.inner
+                    .gemv_q8(&w.slice_rows(start..start + yc.len()), x, yc)
             })
         })
     }

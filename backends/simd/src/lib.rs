@@ -8,7 +8,8 @@
 //!   kernel and so monomorphised per family;
 //! - `sgemm.rs`: the checked wrapper around `matrixmultiply::sgemm` used by GEMM;
 //! - `x86/`, `aarch64/`: the kernels (`dot.rs` f32 vector code, `quant.rs` GEMV and
-//!   decoding on the packed weight bytes).
+//!   decoding on the packed weight bytes, `q8.rs` the 8-bit activation quantiser and
+//!   integer-dot GEMV).
 //!
 //! | op | SIMD path |
 //! |----|-----------|
@@ -18,10 +19,12 @@
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
 //! | `rope`, `swiglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
+//! | `quantize_q8` | SIMD 8-bit quantiser, bit for bit the reference |
+//! | `gemv_q8` | integer dot products of the weight and activation bytes per block, one f32 FMA per block (`q8.rs`) |
 //!
-//! Activations stay f32 throughout (no 8-bit quantisation of `x`), so results differ
-//! from [`kvcore_scalar::Scalar`] by rounding only; each kernel file states its order of
-//! accumulation. `unsafe` appears only in the kernel files and `sgemm.rs`, each block
+//! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),
+//! activations stay f32, so results differ from [`kvcore_scalar::Scalar`] by rounding
+//! only; each kernel file states its order of accumulation. `unsafe` appears only in the kernel files and `sgemm.rs`, each block
 //! with a `// SAFETY:` comment.
 
 mod kernel;
@@ -33,7 +36,7 @@ mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kvcore::backend::{Backend, Rope, ShapeError, Weights, check};
+use kvcore::backend::{Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
 use kvcore_scalar::Scalar;
 
 /// The kernel family a [`Simd`] backend runs.
@@ -162,6 +165,24 @@ impl Backend for Simd {
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
         dispatch!(self, k => ops::gemv(k, w, x, y), scalar => Scalar.gemv(w, x, y)?);
+        Ok(())
+    }
+
+    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        dispatch!(
+            self,
+            k => {
+                let (scales, sums, values) = out.buffers_mut(x.len())?;
+                kernel::Kernel::quantize_q8(k, x, scales, sums, values)
+            },
+            scalar => out.quantize(x)?
+        );
+        Ok(())
+    }
+
+    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
+        q8::check_gemv(w, x, y)?;
+        dispatch!(self, k => kernel::Kernel::gemv_q8(k, w, x, y), scalar => q8::gemv_reference(w, x, y)?);
         Ok(())
     }
 

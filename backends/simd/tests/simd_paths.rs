@@ -32,8 +32,16 @@
 //!   `2·((d + 3)/2 + 9)·u·|out|`.
 //! - add, SwiGLU, softmax, embedding rows: bit for bit (correctly rounded, or the same
 //!   code).
+//! - 8-bit activations: `quantize_q8` bit for bit (scales, sums and values) against
+//!   `Q8Acts::quantize`, on random blocks and on blocks with ties, NaN, ±inf, zeros and
+//!   subnormal magnitudes. `gemv_q8` against `q8::gemv_reference` (the exact value of
+//!   the integer-dot formula, rounded once): each block contributes up to 8 partial
+//!   integer dot products (exact) scaled by `d_w·d_a` plus one offset term `m·(d_a·s)`,
+//!   each with at most 3 roundings, so any summation order of the `K ≤ 9·blocks` terms
+//!   is within `(K + 3)·u·Σ_b mag_b` (`mag_b = |d_w·d_a|·Σ_j|w_j q_j| + |m·d_a·s|`, from
+//!   `q8::row_terms`), plus `tiny` per term.
 
-use kvcore::backend::{Backend, DType, QK, ShapeError, Weights};
+use kvcore::backend::{Backend, DType, Q8Acts, QK, ShapeError, Weights, q8};
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
 use kvcore_simd::{Simd, SimdPath};
@@ -213,6 +221,63 @@ fn check_gemv(s: &Simd, m: &Matrix, v: &mut Values) -> Result<(), TestCaseError>
         REF.gemv(&m.weights(), &x, &mut want),
     )? {
         close(&what, &got, &want, |r| m.tolerance(r, &x))?;
+    }
+    Ok(())
+}
+
+/// `quantize_q8` of `x`, bit for bit against the reference quantiser.
+fn check_quantize_q8(s: &Simd, x: &[f32]) -> Result<(), TestCaseError> {
+    let mut got = Q8Acts::new();
+    let r = s.quantize_q8(x, &mut got);
+    let mut want = Q8Acts::new();
+    prop_assert_eq!(&r, &want.quantize(x), "quantize_q8 [{}]: results", x.len());
+    if r.is_ok() {
+        exact("quantize_q8 scales", got.scales(), want.scales())?;
+        prop_assert_eq!(got.sums(), want.sums(), "quantize_q8 sums");
+        prop_assert_eq!(got.values(), want.values(), "quantize_q8 values");
+    }
+    Ok(())
+}
+
+/// Activations with special blocks: a tie at every `k + 0.5` (block `amax = 127`, so
+/// `d = 1`), a NaN, a ±inf, all zeros, all subnormal, random blocks, and blocks of
+/// magnitudes up to 1e3 and 1e36 (`d > 1`).
+fn special_activations(v: &mut Values) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..QK).map(|j| j as f32 - 15.5).collect();
+    x[31] = 127.0;
+    let mut nan = v.vec(QK);
+    nan[3] = f32::NAN;
+    let mut inf = v.vec(QK);
+    inf[30] = f32::NEG_INFINITY;
+    inf[2] = f32::INFINITY;
+    x.extend(nan);
+    x.extend(inf);
+    x.extend([0.0f32; QK]);
+    x.extend((0..QK).map(|j| (j as f32 - 16.0) * 1e-40));
+    x.extend(v.vec(3 * QK));
+    // Large magnitudes (d > 1): a block scaled by 1e3 and one near f32's top range.
+    x.extend(v.vec(QK).iter().map(|a| a * 1e3));
+    x.extend(v.vec(QK).iter().map(|a| a * 1e36));
+    x
+}
+
+/// `gemv_q8` on one block-format matrix against the reference (module docs).
+fn check_gemv_q8(s: &Simd, m: &Matrix, x: &[f32]) -> Result<(), TestCaseError> {
+    let xq = Q8Acts::from_f32(x).expect("whole blocks");
+    let (mut got, mut want) = (vec![f32::NAN; m.rows], vec![f32::NAN; m.rows]);
+    let what = format!("gemv_q8 {} [{}, {}]", m.dtype, m.rows, m.cols);
+    let w = m.weights();
+    if same_result(
+        &what,
+        s.gemv_q8(&w, &xq, &mut got),
+        q8::gemv_reference(&w, &xq, &mut want),
+    )? {
+        let blocks = m.cols / QK;
+        let k = 9.0 * blocks as f64;
+        close(&what, &got, &want, |r| {
+            let mag: f64 = q8::row_terms(&w, r, &xq).map(|(_, a)| a).sum();
+            (k + 3.0) * (U * mag + TINY)
+        })?;
     }
     Ok(())
 }
@@ -520,6 +585,76 @@ fn check_path(report: &mut Report, s: &Simd) {
         },
     );
     report.fixed(&format!("{p}: shape errors"), || check_shape_errors(s));
+
+    let block_dtype = prop::sample::select(vec![DType::Q8_0, DType::Q4_0, DType::Q4_1]);
+    report.prop(
+        &format!("{p}: quantize_q8, random lengths"),
+        (0usize..60, any::<u64>()),
+        |(blocks, seed)| check_quantize_q8(s, &Values(seed).vec(blocks * QK)),
+    );
+    report.fixed(&format!("{p}: quantize_q8, special blocks"), || {
+        check_quantize_q8(s, &special_activations(&mut Values(12)))?;
+        check_quantize_q8(s, &[1.0; 33])
+    });
+    report.prop(
+        &format!("{p}: gemv_q8, random shapes"),
+        (block_dtype, 0usize..8, 0..ROWS.len(), any::<u64>()),
+        |(dt, blocks, r, seed)| {
+            let mut v = Values(seed);
+            let cols = [0, 1, 2, 3, 5, 18, 48, 19][blocks] * QK;
+            let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
+            check_gemv_q8(s, &m, &v.vec(cols))
+        },
+    );
+    for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        report.fixed(&format!("{p}: gemv_q8 {dt}, SmolLM2 shapes"), || {
+            let mut v = Values(200 + u64::from(dt.ggml_type()));
+            for (rows, cols) in [(576, 576), (1536, 576), (576, 1536)] {
+                let m = Matrix::new(dt, rows, cols, 0, &mut v);
+                check_gemv_q8(s, &m, &v.vec(cols))?;
+            }
+            Ok(())
+        });
+        report.fixed(&format!("{p}: gemv_q8 {dt}, special activations"), || {
+            let mut v = Values(300);
+            let x = special_activations(&mut v);
+            let m = Matrix::new(dt, 7, x.len(), 0, &mut v);
+            let xq = Q8Acts::from_f32(&x).expect("whole blocks");
+            let mut y = vec![0.0f32; 7];
+            s.gemv_q8(&m.weights(), &xq, &mut y).expect("shapes");
+            prop_assert!(
+                y.iter().all(|v| v.is_nan()),
+                "a NaN block makes every row NaN: {:?}",
+                y
+            );
+            // Without the non-finite blocks, against the reference.
+            let finite: Vec<f32> = x[..QK].iter().chain(&x[3 * QK..]).copied().collect();
+            let m = Matrix::new(dt, 7, finite.len(), 0, &mut v);
+            check_gemv_q8(s, &m, &finite)
+        });
+    }
+    report.fixed(&format!("{p}: gemv_q8 shape errors"), || {
+        let mut v = Values(13);
+        let xq = Q8Acts::from_f32(&v.vec(64)).expect("whole blocks");
+        for dt in DType::ALL {
+            let m = Matrix::new(dt, 2, 64, 0, &mut v);
+            let w = m.weights();
+            for (x, ylen) in [(&xq, 2), (&xq, 3), (&Q8Acts::new(), 2)] {
+                let (mut a, mut b) = (vec![0.0; ylen], vec![0.0; ylen]);
+                let got = s.gemv_q8(&w, x, &mut a);
+                let want = q8::gemv_reference(&w, x, &mut b);
+                prop_assert_eq!(&got, &want, "gemv_q8 {} errors", dt);
+                let valid = q8::supports(dt) && ylen == 2 && x.len() == 64;
+                prop_assert_eq!(
+                    got.is_ok(),
+                    valid,
+                    "gemv_q8 {} accepts only valid shapes",
+                    dt
+                );
+            }
+        }
+        Ok(())
+    });
 }
 
 fn main() -> ExitCode {

@@ -2,7 +2,9 @@
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
 //! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly.
+//!   bytes directly;
+//! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
+//!   formats against it.
 //!
 //! Every kernel is a safe `#[target_feature(enable = "neon")]` function (Rust requires the
 //! attribute even though the `aarch64-unknown-linux-gnu` target enables NEON at compile
@@ -10,10 +12,11 @@
 //! [`Neon`]'s trait methods, justified by the run-time detection that created the token.
 
 mod dot;
+mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use kvcore::backend::{DType, Weights};
+use kvcore::backend::{DType, Q8Acts, Weights};
 
 /// Proof that this CPU runs NEON: only [`Neon::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +38,16 @@ impl Kernel for Neon {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
         // SAFETY: NEON detected (see above).
         unsafe { quant::gemv(w, x, block_sums, y) }
+    }
+
+    fn quantize_q8(self, x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { q8::quantize(x, scales, sums, values) }
+    }
+
+    fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { q8::gemv(w, x, y) }
     }
 
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {

@@ -2,17 +2,20 @@
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
 //! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly.
+//!   bytes directly;
+//! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
+//!   formats against it.
 //!
 //! Every kernel is a safe `#[target_feature(enable = "avx2,fma,f16c")]` function; the
 //! only `unsafe` outside the unaligned loads and stores is the call into that code from
 //! [`Avx2`]'s trait methods, justified by the detection that created the token.
 
 mod dot;
+mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use kvcore::backend::{DType, Weights};
+use kvcore::backend::{DType, Q8Acts, Weights};
 
 /// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +40,16 @@ impl Kernel for Avx2 {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { quant::gemv(w, x, block_sums, y) }
+    }
+
+    fn quantize_q8(self, x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
+        // SAFETY: features detected (see above).
+        unsafe { q8::quantize(x, scales, sums, values) }
+    }
+
+    fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { q8::gemv(w, x, y) }
     }
 
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
