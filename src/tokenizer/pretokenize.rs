@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use fancy_regex::Regex;
+use std::sync::OnceLock;
 
 use super::TokenizerError;
 
@@ -93,13 +94,25 @@ pub(crate) struct PreTokenizer {
 }
 
 impl PreTokenizer {
-    /// Compiles the regex list of `kind`.
+    /// The regex list of `kind`, compiled once per process and shared (a `Regex` clone
+    /// shares the compiled program): building a tokenizer is then cheap, which matters
+    /// to the fuzzers that build one per input.
     pub(crate) fn new(kind: PreTokenizerKind) -> PreTokenizer {
-        let regexes = kind
-            .patterns()
-            .iter()
-            .map(|p| Regex::new(p).expect("built-in pre-tokenizer patterns compile"))
-            .collect();
+        static COMPILED: [OnceLock<Vec<Regex>>; 4] = [const { OnceLock::new() }; 4];
+        let slot = match kind {
+            PreTokenizerKind::Default => 0,
+            PreTokenizerKind::Gpt2 => 1,
+            PreTokenizerKind::DigitsThenGpt2 => 2,
+            PreTokenizerKind::Llama3 => 3,
+        };
+        let regexes = COMPILED[slot]
+            .get_or_init(|| {
+                kind.patterns()
+                    .iter()
+                    .map(|p| Regex::new(p).expect("built-in pre-tokenizer patterns compile"))
+                    .collect()
+            })
+            .clone();
         PreTokenizer { kind, regexes }
     }
 
