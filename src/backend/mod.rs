@@ -203,7 +203,8 @@ pub trait Backend: Send + Sync {
 
     /// Quantises activations to 8 bits for [`gemv_q8`](Backend::gemv_q8): `out ← q8(x)`,
     /// bit for bit as the reference [`Q8Acts::quantize`] (see [`q8`]). `x.len()` must be
-    /// a multiple of 32. The default is the reference.
+    /// a multiple of 32. The default is the reference; a backend's own quantiser writes
+    /// through [`Q8Acts::fill`], which derives the rest.
     fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
         out.quantize(x)
     }

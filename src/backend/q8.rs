@@ -53,6 +53,9 @@ pub struct Q8Acts {
     scales: Vec<f32>,
     sums: Vec<i32>,
     values: Vec<i8>,
+    /// `[d, d·s]` per block (f32, `d·s` rounded once), interleaved: derived by
+    /// [`fill`](Q8Acts::fill) for the kernels' block offset terms.
+    pairs: Vec<f32>,
 }
 
 /// Whether `dtype` has an 8-bit-activation GEMV ([`gemv_reference`], `Backend::gemv_q8`).
@@ -60,7 +63,8 @@ pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
 }
 
-/// The buffers of a [`Q8Acts`] for a quantiser to fill: `(scales, sums, values)`.
+/// The buffers of a [`Q8Acts`] for a quantiser to fill: `(scales, sums, values)`
+/// (see [`Q8Acts::fill`]).
 pub type Q8Buffers<'a> = (&'a mut [f32], &'a mut [i32], &'a mut [i8]);
 
 impl Q8Acts {
@@ -111,13 +115,24 @@ impl Q8Acts {
             .collect()
     }
 
-    /// Sizes the buffers for `len` activations and hands them to a quantiser to fill:
-    /// `(scales, sums, values)`, `[len/32]`, `[len/32]`, `[len]`. A backend's own
-    /// quantiser writes through this; it must fill every entry exactly as
-    /// [`quantize`](Self::quantize) would.
+    /// Per block the pair `[d, d·s]` (`d·s` rounded to f32 once), interleaved,
+    /// `[2·len/32]`: the factors of a `Q4_*` block's offset term, computed once per
+    /// quantisation rather than once per matrix row.
+    pub fn scale_pairs(&self) -> &[f32] {
+        &self.pairs
+    }
+
+    /// Sizes the buffers for `len` activations, has `quantize` fill them —
+    /// `(scales, sums, values)`, `[len/32]`, `[len/32]`, `[len]` — and derives
+    /// [`scale_pairs`](Self::scale_pairs). A backend's own quantiser runs through this;
+    /// it must fill every entry exactly as [`quantize`](Self::quantize) would.
     ///
-    /// Errors when `len` is not a multiple of 32.
-    pub fn buffers_mut(&mut self, len: usize) -> Result<Q8Buffers<'_>, ShapeError> {
+    /// Errors when `len` is not a multiple of 32 (before calling `quantize`).
+    pub fn fill(
+        &mut self,
+        len: usize,
+        quantize: impl FnOnce(Q8Buffers<'_>),
+    ) -> Result<(), ShapeError> {
         if !len.is_multiple_of(QK) {
             return Err(ShapeError::NotMultiple {
                 what: "q8 activations",
@@ -128,23 +143,31 @@ impl Q8Acts {
         self.scales.resize(len / QK, 0.0);
         self.sums.resize(len / QK, 0);
         self.values.resize(len, 0);
-        Ok((&mut self.scales, &mut self.sums, &mut self.values))
+        quantize((&mut self.scales, &mut self.sums, &mut self.values));
+        self.pairs.clear();
+        self.pairs.extend(
+            self.scales
+                .iter()
+                .zip(&self.sums)
+                .flat_map(|(&d, &s)| [d, d * s as f32]),
+        );
+        Ok(())
     }
 
     /// The reference quantiser: every block of `x` as in the module docs.
     ///
     /// Errors when `x.len()` is not a multiple of 32.
     pub fn quantize(&mut self, x: &[f32]) -> Result<(), ShapeError> {
-        let (scales, sums, values) = self.buffers_mut(x.len())?;
-        for (((xb, qb), d), s) in x
-            .chunks_exact(QK)
-            .zip(values.chunks_exact_mut(QK))
-            .zip(scales.iter_mut())
-            .zip(sums.iter_mut())
-        {
-            (*d, *s) = quantize_block(xb, qb);
-        }
-        Ok(())
+        self.fill(x.len(), |(scales, sums, values)| {
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK)
+                .zip(values.chunks_exact_mut(QK))
+                .zip(scales.iter_mut())
+                .zip(sums.iter_mut())
+            {
+                (*d, *s) = quantize_block(xb, qb);
+            }
+        })
     }
 }
 
@@ -226,35 +249,12 @@ pub fn row_terms(w: &Weights<'_>, r: usize, x: &Q8Acts) -> impl Iterator<Item = 
         })
 }
 
-/// Checks a GEMV with 8-bit activations: `w` a block format, `x: [cols]`, `y: [rows]`.
-pub fn check_gemv(w: &Weights<'_>, x: &Q8Acts, y: &[f32]) -> Result<(), ShapeError> {
-    if !supports(w.dtype()) {
-        return Err(ShapeError::Unsupported {
-            what: "gemv with q8 activations",
-            dtype: w.dtype(),
-        });
-    }
-    let len = |what, actual, expected| {
-        if actual == expected {
-            Ok(())
-        } else {
-            Err(ShapeError::Length {
-                what,
-                expected,
-                actual,
-            })
-        }
-    };
-    len("gemv_q8 x", x.len(), w.cols())?;
-    len("gemv_q8 y", y.len(), w.rows())
-}
-
 /// The reference GEMV with 8-bit activations: `y_r ← Σ_b term_b` (module docs), summed in
 /// f64 and rounded once to f32.
 ///
 /// Errors (before writing `y`) for a plain-format `w` or mismatched lengths.
 pub fn gemv_reference(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-    check_gemv(w, x, y)?;
+    super::check::gemv_q8(w, x, y)?;
     for (r, yr) in y.iter_mut().enumerate() {
         *yr = row_terms(w, r, x).map(|(t, _)| t).sum::<f64>() as f32;
     }

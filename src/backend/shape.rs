@@ -64,6 +64,23 @@ pub mod check {
         len("gemv y", y.len(), w.rows())
     }
 
+    /// 8-bit activations: `w` a block format ([`q8::supports`](crate::backend::q8::supports)),
+    /// `x: [cols]`, `y: [rows]`.
+    pub fn gemv_q8(
+        w: &Weights<'_>,
+        x: &crate::backend::Q8Acts,
+        y: &[f32],
+    ) -> Result<(), ShapeError> {
+        if !crate::backend::q8::supports(w.dtype()) {
+            return Err(ShapeError::Unsupported {
+                what: "gemv with q8 activations",
+                dtype: w.dtype(),
+            });
+        }
+        len("gemv_q8 x", x.len(), w.cols())?;
+        len("gemv_q8 y", y.len(), w.rows())
+    }
+
     /// `x: [n, cols]`, `y: [n, rows]`; returns `n`.
     pub fn gemm(w: &Weights<'_>, x: &[f32], y: &[f32]) -> Result<usize, ShapeError> {
         if w.cols() == 0 {

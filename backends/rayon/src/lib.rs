@@ -51,7 +51,7 @@ mod split;
 
 pub use error::RayonError;
 
-use kvcore::backend::{AttnShape, Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
+use kvcore::backend::{AttnShape, Backend, Q8Acts, Rope, ShapeError, Weights, check};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -94,6 +94,26 @@ impl<B: Backend> Rayon<B> {
     /// The wrapped backend.
     pub fn inner(&self) -> &B {
         &self.inner
+    }
+
+    /// A GEMV `y ← W ·` (shapes checked): `gemv` on aligned row chunks of `w` and the
+    /// matching pieces of `y` in parallel, or on the whole when it is small.
+    fn split_rows(
+        &self,
+        w: &Weights<'_>,
+        y: &mut [f32],
+        gemv: impl Fn(&Weights<'_>, &mut [f32]) -> Result<(), ShapeError> + Sync,
+    ) -> Result<(), ShapeError> {
+        if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
+            return gemv(w, y);
+        }
+        let rc = self.chunk(w.rows(), ALIGN);
+        self.pool.install(|| {
+            y.par_chunks_mut(rc).enumerate().try_for_each(|(i, yc)| {
+                let start = i * rc;
+                gemv(&w.slice_rows(start..start + yc.len()), yc)
+            })
+        })
     }
 
     /// Chunk length for `total` units with boundaries at multiples of `align`.
@@ -155,17 +175,7 @@ impl<B: Backend> Backend for Rayon<B> {
 
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
-        if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
-            return self.inner.gemv(w, x, y);
-        }
-        let rc = self.chunk(w.rows(), ALIGN);
-        self.pool.install(|| {
-            y.par_chunks_mut(rc).enumerate().try_for_each(|(i, yc)| {
-                let start = i * rc;
-                self.inner
-                    .gemv(&w.slice_rows(start..start + yc.len()), x, yc)
-            })
-        })
+        self.split_rows(w, y, |w, y| self.inner.gemv(w, x, y))
     }
 
     fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
@@ -173,18 +183,8 @@ impl<B: Backend> Backend for Rayon<B> {
     }
 
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-        q8::check_gemv(w, x, y)?;
-        if w.rows().saturating_mul(w.cols()) < PAR_MIN_MACS {
-            return self.inner.gemv_q8(w, x, y);
-        }
-        let rc = self.chunk(w.rows(), ALIGN);
-        self.pool.install(|| {
-            y.par_chunks_mut(rc).enumerate().try_for_each(|(i, yc)| {
-                let start = i * rc;
-                self.inner
-                    .gemv_q8(&w.slice_rows(start..start + yc.len()), x, yc)
-            })
-        })
+        check::gemv_q8(w, x, y)?;
+        self.split_rows(w, y, |w, y| self.inner.gemv_q8(w, x, y))
     }
 
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {

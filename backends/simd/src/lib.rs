@@ -171,17 +171,16 @@ impl Backend for Simd {
     fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
         dispatch!(
             self,
-            k => {
-                let (scales, sums, values) = out.buffers_mut(x.len())?;
+            k => out.fill(x.len(), |(scales, sums, values)| {
                 kernel::Kernel::quantize_q8(k, x, scales, sums, values)
-            },
+            })?,
             scalar => out.quantize(x)?
         );
         Ok(())
     }
 
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-        q8::check_gemv(w, x, y)?;
+        check::gemv_q8(w, x, y)?;
         dispatch!(self, k => kernel::Kernel::gemv_q8(k, w, x, y), scalar => q8::gemv_reference(w, x, y)?);
         Ok(())
     }

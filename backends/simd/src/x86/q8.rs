@@ -14,11 +14,11 @@
 //!   as `|w|` with the sign moved onto the activation, `vpsignb`) and `vpmaddwd` by ones
 //!   (i32, 8 lanes, exact). The lanes are converted to f32 (exact) and accumulated with
 //!   one FMA by `d_w·d_a` into a single 8-lane accumulator; the offset term
-//!   `m·(d_a·s)` (`m = −8·d_w` for `Q4_0`) is summed in order in one lane. For `Q4_*` the
-//!   per-block pair `[d_a, d_a·s]` is computed once per call and one 4-lane multiply of
-//!   the block's f16 `[d_w, m]` by it gives both `d_w·d_a` and the offset term (fewer
-//!   scalar operations per block than computing them one by one; same roundings). At the
-//!   end the lanes are summed and the offsets added. Against the reference (each term exact,
+//!   `m·(d_a·s)` (`m = −8·d_w` for `Q4_0`) is summed in order in one lane. For `Q4_*` one
+//!   4-lane multiply of the block's f16 `[d_w, m]` by the activation block's
+//!   `[d_a, d_a·s]` (`Q8Acts::scale_pairs`, derived once per quantisation) gives both
+//!   `d_w·d_a` and the offset term (fewer scalar operations per block than computing them
+//!   one by one; same roundings). At the end the lanes are summed and the offsets added. Against the reference (each term exact,
 //!   summed in f64) only the rounding of `d_w·d_a`, the FMAs and the final sums differ.
 //!
 //! One accumulator is faster here than two: the loop is bound by the loads and the
@@ -105,34 +105,21 @@ pub(super) fn quantize(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: 
     }
 }
 
-/// Per activation block `b`, the pair `[d_a, c·d_a·s]` (`c = 1` for `Q4_1`, `−8` for
-/// `Q4_0`: an exact power-of-two scaling), laid out so that one 64-bit load gives the
-/// factors of a block's `[d_w·d_a, m·(d_a·s)]` (`Q4_1`) or `[d_w·d_a, d_w·(−8·d_a·s)]`
-/// (`Q4_0`), each one rounded product of the same values as the module docs' formula.
-fn q4_factors<const Q4_1: bool>(x: &Q8Acts) -> Vec<f32> {
-    let c = if Q4_1 { 1.0 } else { -8.0 };
-    x.scales()
-        .iter()
-        .zip(x.sums())
-        .flat_map(|(&d, &s)| [d, c * (d * s as f32)])
-        .collect()
-}
-
-/// One row of `Q4_0` (`Q4_1 = false`) or `Q4_1` against `x` (module docs); `factors`
-/// from [`q4_factors`].
+/// One row of `Q4_0` (`Q4_1 = false`) or `Q4_1` against `x` (module docs).
 ///
-/// Per block, the f16 `[d_w, m]` (`Q4_0`: `[d_w, d_w]`) times the block's factors in one
-/// 4-lane multiply: lane 0 is `d_w·d_a` (broadcast for the FMA), lane 1 the offset term,
-/// accumulated in lane 1 of a vector (the same sequential f32 sum as a scalar).
+/// Per block, the f16 `[d_w, m]` (`Q4_0`: `[d_w, d_w]`) times the activation block's
+/// `[d_a, d_a·s]` (`Q8Acts::scale_pairs`) in one 4-lane multiply: lane 0 is `d_w·d_a`
+/// (broadcast for the FMA), lane 1 the offset term (`Q4_0`: without its `−8`, applied to
+/// the sum), accumulated in lane 1 of a vector (the same sequential f32 sum as a scalar).
 ///
 /// # Panics
-/// If `row` is not `x.len() / 32` blocks or `factors` is not 2 per block.
+/// If `row` is not `x.len() / 32` blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts, factors: &[f32]) -> f32 {
+fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts) -> f32 {
     let (bytes, qs) = if Q4_1 { (20, 4) } else { (18, 2) };
     assert_eq!(row.len(), x.scales().len() * bytes);
-    assert_eq!(factors.len(), 2 * x.scales().len());
+    assert_eq!(x.scale_pairs().len(), 2 * x.scales().len());
     let mask = _mm256_set1_epi8(15);
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
@@ -140,7 +127,7 @@ fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts, factors: &[f32]) -> f32 {
     let blocks = row
         .chunks_exact(bytes)
         .zip(x.values().chunks_exact(QK))
-        .zip(factors.chunks_exact(2));
+        .zip(x.scale_pairs().chunks_exact(2));
     for ((b, a), f) in blocks {
         assert!(b.len() >= qs + 16 && a.len() >= 32 && f.len() == 2);
         let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -162,7 +149,10 @@ fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts, factors: &[f32]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(t), _mm256_cvtepi32_ps(p), acc);
         offsets = _mm_add_ps(offsets, t);
     }
-    hsum(acc) + _mm_cvtss_f32(_mm_movehdup_ps(offsets))
+    // `Q4_0`: the offsets were summed as `d_w·(d_a·s)`; `−8` scales the sum exactly (a
+    // power of two), the same value as summing the `−8·d_w·(d_a·s)` terms.
+    let offsets = _mm_cvtss_f32(_mm_movehdup_ps(offsets));
+    hsum(acc) + if Q4_1 { offsets } else { -8.0 * offsets }
 }
 
 /// One row of `Q8_0` against `x` (module docs).
@@ -217,15 +207,10 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         "no q8 GEMV for {dtype}"
     );
     // Plain loops (not closures) so the row kernels inline under this target feature.
-    let factors = match dtype {
-        DType::Q4_1 => q4_factors::<true>(x),
-        DType::Q4_0 => q4_factors::<false>(x),
-        _ => Vec::new(),
-    };
     for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
         *yr = match dtype {
-            DType::Q4_1 => dot_q4::<true>(r, x, &factors),
-            DType::Q4_0 => dot_q4::<false>(r, x, &factors),
+            DType::Q4_1 => dot_q4::<true>(r, x),
+            DType::Q4_0 => dot_q4::<false>(r, x),
             _ => dot_q8_0(r, x),
         };
     }
