@@ -30,7 +30,9 @@ use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
 };
-use kvcore::backend::{AttnShape, Backend, DType, Q8Acts, Weights, q8};
+use kvcore::backend::{AttnParams, Backend, DType, Q8Acts, Weights, q8};
+use kvcore::kv::KvView;
+use kvcore::ndarray::Array3;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
@@ -197,21 +199,19 @@ fn attention(c: &mut Criterion) {
     let mut group = c.benchmark_group("attention");
     configure(&mut group);
     for n in POSITIONS {
-        let keys = values(n * kv_dim, 4);
-        let vals = values(n * kv_dim, 5);
-        let q = values(HEADS * HEAD_DIM, 6);
-        let mut out = vec![0.0f32; HEADS * HEAD_DIM];
-        let shape = AttnShape {
-            n_heads: HEADS,
-            n_kv_heads: KV_HEADS,
-            head_dim: HEAD_DIM,
-            pos0: n - 1,
-        };
+        let shape = (n, KV_HEADS, HEAD_DIM);
+        let keys = Array3::from_shape_vec(shape, values(n * kv_dim, 4)).expect("shape");
+        let vals = Array3::from_shape_vec(shape, values(n * kv_dim, 5)).expect("shape");
+        let kv = KvView::from_f32(keys.view(), vals.view()).expect("view");
+        let q = Array3::from_shape_vec((1, HEADS, HEAD_DIM), values(HEADS * HEAD_DIM, 6))
+            .expect("shape");
+        let mut out = Array3::<f32>::zeros((1, HEADS, HEAD_DIM));
+        let params = AttnParams::causal(HEAD_DIM);
         group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * n) as u64));
         for be in b.each() {
             group.bench_function(BenchmarkId::new(be.name(), n), |bench| {
                 bench.iter(|| {
-                    be.attention(black_box(&q), &keys, &vals, &mut out, &shape)
+                    be.attention(black_box(q.view()), &[n - 1], &kv, &params, out.view_mut())
                         .expect("attention")
                 })
             });

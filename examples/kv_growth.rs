@@ -5,10 +5,15 @@
 //!
 //! Run: `cargo run --release --example kv_growth`
 
-use kvcore::{DenseKv, GrowKv, KvError, KvStore};
+use kvcore::ndarray::Array2;
+use kvcore::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore};
 
-const N_LAYERS: usize = 30;
-const KV_DIM: usize = 192;
+/// SmolLM2-135M: 30 layers of 3 KV heads of 64 (`kv_dim` 192).
+const GEOMETRY: KvGeometry = KvGeometry {
+    n_layers: 30,
+    n_kv_heads: 3,
+    head_dim: 64,
+};
 const MAX_CTX: usize = 8192;
 
 fn mb(bytes: usize) -> f64 {
@@ -16,9 +21,10 @@ fn mb(bytes: usize) -> f64 {
 }
 
 fn main() -> Result<(), KvError> {
-    let dense = DenseKv::new(N_LAYERS, KV_DIM, MAX_CTX)?.bytes();
-    let mut kv = GrowKv::new(N_LAYERS, KV_DIM, MAX_CTX)?;
-    println!("GrowKv, {N_LAYERS} layers x kv_dim {KV_DIM}, max_ctx {MAX_CTX}");
+    let dense = DenseKv::new(GEOMETRY, MAX_CTX)?.bytes();
+    let mut kv = GrowKv::new(GEOMETRY, MAX_CTX)?;
+    let (n_layers, kv_dim) = (GEOMETRY.n_layers, GEOMETRY.kv_dim());
+    println!("GrowKv, {n_layers} layers x kv_dim {kv_dim}, max_ctx {MAX_CTX}");
     println!(
         "DenseKv holds {:.1} MB ({dense} B) from the start",
         mb(dense)
@@ -26,7 +32,7 @@ fn main() -> Result<(), KvError> {
     println!();
     println!(
         "{:>10} {:>9} {:>12} {:>10} {:>9}",
-        "write pos", "capacity", "bytes", "MB", "of dense"
+        "append at", "capacity", "bytes", "MB", "of dense"
     );
     let row = |pos: &str, kv: &GrowKv| {
         println!(
@@ -38,14 +44,16 @@ fn main() -> Result<(), KvError> {
         );
     };
     row("(new)", &kv);
-    let k_row = vec![0.5f32; KV_DIM];
-    let v_row = vec![-0.5f32; KV_DIM];
+    let k_row = Array2::from_elem((1, kv_dim), 0.5f32); // [1, kv_dim]
+    let v_row = Array2::from_elem((1, kv_dim), -0.5f32);
     for pos in 0..MAX_CTX {
         let capacity = kv.capacity();
-        for layer in 0..N_LAYERS {
-            kv.k_mut(layer, pos)?.copy_from_slice(&k_row);
-            kv.v_mut(layer, pos)?.copy_from_slice(&v_row);
+        // One decode step's append: every layer's row, then the commit.
+        let mut tx = Append::begin(&mut kv, pos, 1)?;
+        for layer in 0..n_layers {
+            tx.write(layer, k_row.view(), v_row.view())?;
         }
+        tx.commit()?;
         if kv.capacity() != capacity {
             row(&pos.to_string(), &kv);
         }
@@ -53,7 +61,7 @@ fn main() -> Result<(), KvError> {
     println!();
     println!(
         "after {} positions: {:.1} MB resident, dense {:.1} MB",
-        kv.seq_len(),
+        kv.len(),
         mb(kv.bytes()),
         mb(dense)
     );

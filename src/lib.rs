@@ -15,7 +15,12 @@ pub mod backend;
 pub mod gguf;
 pub mod kv;
 pub mod model;
+pub mod session;
 pub mod tokenizer;
 
-pub use backend::{AttnShape, Backend, DType, Rope, RopeStyle, ShapeError, Weights};
-pub use kv::{DenseKv, GrowKv, KvError, KvStore};
+pub use backend::{AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights};
+pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView};
+/// The array crate of kvcore's public signatures (attention's operands, the KV views),
+/// re-exported so callers use the same version.
+pub use ndarray;
+pub use session::{Prefill, Session};

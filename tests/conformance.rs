@@ -29,11 +29,13 @@ mod backend_support;
 mod quant_data;
 
 use backend_support::cases::{
-    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use backend_support::oracle::{self, Bounded, check_pair};
 use backend_support::{Matrix, Rng, bits, strategy::*};
-use kvcore::backend::{AttnShape, Backend, DType, Rope, RopeStyle, ShapeError, Weights};
+use kvcore::backend::{AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights};
+use kvcore::kv::KvView;
+use kvcore::ndarray::{Array3, Axis, Slice};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -330,70 +332,93 @@ fn shape_errors<B: Backend>(b: &B) {
     assert_eq!(b.rope(&mut x, 2, &[], &rope), Err(len("rope x", 0, 9)));
     untouched(&x);
 
-    // attend_head: q, out [hd]; keys, values [n_keys, kv_dim]; head in range
-    let (q, kv) = (f(4), f(3 * 8));
-    let mut out = f(3);
-    let r = b.attend_head(&q, &kv, &kv, 3, 8, 0, 0.5, &mut out);
-    assert_eq!(r, Err(len("attention out", 4, 3)));
-    untouched(&out);
-    let mut out = f(4);
-    let r = b.attend_head(&q, &kv, &kv, 3, 8, 2, 0.5, &mut out);
-    let index = ShapeError::Index {
-        what: "kv heads",
-        index: 2,
-        len: 2,
+    // attention: q, out [n, n_heads, hd]; q_pos [n]; the view's heads dividing n_heads,
+    // its head_dim equal; heads and head_dim non-zero; last axes contiguous.
+    let a3 = |n, h, d| Array3::from_elem((n, h, d), SENTINEL);
+    let untouched3 = |a: &Array3<f32>| untouched(a.as_slice().expect("standard layout"));
+    let (keys, values) = (a3(3, 2, 2), a3(3, 2, 2));
+    let kv = KvView::from_f32(keys.view(), values.view()).unwrap();
+    let params = AttnParams::causal(2);
+    let (q, mut out) = (a3(2, 4, 2), a3(2, 4, 2));
+    let dims = |what, expected, actual| {
+        Err(ShapeError::Dims {
+            what,
+            expected,
+            actual,
+        })
     };
-    assert_eq!(r, Err(index));
-    let r = b.attend_head(&q, &f(16), &kv, 3, 8, 1, 0.5, &mut out);
-    assert_eq!(r, Err(len("attention keys", 24, 16)));
-    let r = b.attend_head(&q, &kv, &f(16), 3, 8, 1, 0.5, &mut out);
-    assert_eq!(r, Err(len("attention values", 24, 16)));
-    untouched(&out);
-
-    // attention: q, out [n_new, n_heads·hd]; keys, values [n_keys, n_kv·hd]
-    let s = AttnShape {
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 2,
-        pos0: 1,
-    };
-    let (q, kv) = (f(2 * 8), f(3 * 4));
-    let mut out = f(16);
+    let mut small = a3(2, 3, 2);
+    assert_eq!(
+        b.attention(q.view(), &[1, 2], &kv, &params, small.view_mut()),
+        dims("attention out", [2, 4, 2], [2, 3, 2])
+    );
+    untouched3(&small);
+    assert_eq!(
+        b.attention(q.view(), &[1], &kv, &params, out.view_mut()),
+        Err(len("attention q_pos", 2, 1))
+    );
     let geometry = |what| Err(ShapeError::Geometry(what));
     let zero = "attention heads and head_dim must be non-zero";
-    for bad in [
-        AttnShape { n_heads: 0, ..s },
-        AttnShape { n_kv_heads: 0, ..s },
-        AttnShape { head_dim: 0, ..s },
-    ] {
-        assert_eq!(b.attention(&q, &kv, &kv, &mut out, &bad), geometry(zero));
-    }
-    let grouping = AttnShape { n_kv_heads: 3, ..s };
+    let (q0, mut out0) = (a3(2, 0, 2), a3(2, 0, 2));
     assert_eq!(
-        b.attention(&q, &kv, &kv, &mut out, &grouping),
+        b.attention(q0.view(), &[1, 2], &kv, &params, out0.view_mut()),
+        geometry(zero)
+    );
+    let (qd, mut outd) = (a3(2, 4, 0), a3(2, 4, 0));
+    let (kd, vd) = (a3(3, 2, 0), a3(3, 2, 0));
+    let kvd = KvView::from_f32(kd.view(), vd.view()).unwrap();
+    assert_eq!(
+        b.attention(qd.view(), &[1, 2], &kvd, &params, outd.view_mut()),
+        geometry(zero)
+    );
+    let (q3, mut out3) = (a3(2, 3, 2), a3(2, 3, 2));
+    assert_eq!(
+        b.attention(q3.view(), &[1, 2], &kv, &params, out3.view_mut()),
         geometry("n_heads must be a multiple of n_kv_heads")
     );
+    untouched3(&out3);
+    let (q4, mut out4) = (a3(2, 4, 4), a3(2, 4, 4));
     assert_eq!(
-        b.attention(&f(15), &kv, &kv, &mut out, &s),
-        Err(not_multiple("attention q", 15, 8))
+        b.attention(q4.view(), &[1, 2], &kv, &params, out4.view_mut()),
+        Err(len("attention kv head_dim", 4, 2))
     );
+    untouched3(&out4);
+    // Every other element of a [.., 4] axis: shape [.., 2], stride 2.
+    let wide = a3(2, 4, 4);
+    let strided = wide.slice_axis(Axis(2), Slice::new(0, None, 2));
     assert_eq!(
-        b.attention(&q, &kv, &kv, &mut f(8), &s),
-        Err(len("attention out", 16, 8))
+        b.attention(strided, &[1, 2], &kv, &params, out.view_mut()),
+        Err(ShapeError::NotContiguous {
+            what: "attention q"
+        })
     );
+    let mut wide_out = a3(2, 4, 4);
     assert_eq!(
-        b.attention(&q, &f(10), &f(10), &mut out, &s),
-        Err(not_multiple("attention keys", 10, 4))
+        b.attention(
+            q.view(),
+            &[1, 2],
+            &kv,
+            &params,
+            wide_out.slice_axis_mut(Axis(2), Slice::new(0, None, 2))
+        ),
+        Err(ShapeError::NotContiguous {
+            what: "attention out"
+        })
     );
+    untouched3(&wide_out);
+    let wide_keys = a3(3, 2, 4);
+    let strided_kv = KvView::from_f32(
+        wide_keys.slice_axis(Axis(2), Slice::new(0, None, 2)),
+        values.view(),
+    )
+    .unwrap();
     assert_eq!(
-        b.attention(&q, &kv, &f(8), &mut out, &s),
-        Err(len("attention values", 12, 8))
+        b.attention(q.view(), &[1, 2], &strided_kv, &params, out.view_mut()),
+        Err(ShapeError::NotContiguous {
+            what: "attention keys"
+        })
     );
-    assert_eq!(
-        b.attention(&q, &f(8), &f(8), &mut out, &s),
-        Err(len("attention keys (rows needed: pos0 + n_new)", 3, 2))
-    );
-    untouched(&out);
+    untouched3(&out);
 
     // rms_norm: x, out [n, d], weight [d] non-empty
     let mut out = f(6);
@@ -514,21 +539,39 @@ macro_rules! conformance {
                 }
 
                 #[test]
-                fn attend_head(
+                fn attention_heads(
                     head_dim in head_dim(), n_kv in 1usize..4,
                     n_keys in prop_oneof![0usize..4, 0usize..80], seed in any::<u64>()
                 ) {
-                    conforms(b(), &AttendHead::new(head_dim, n_kv, n_keys, seed))?;
+                    conforms(b(), &Attention::heads(head_dim, n_kv, n_keys, seed))?;
                 }
 
                 #[test]
                 fn attention(
                     head_dim in head_dim(), n_kv in 1usize..4, group in 1usize..4,
                     pos0 in 0usize..40, n_new in 0usize..5, extra in 0usize..3,
-                    seed in any::<u64>()
+                    cuts in prop::collection::vec(0usize..48, 0..3),
+                    window in prop::option::of(0usize..12), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    conforms(b(), &Attention::new(shape, n_new, extra, seed))?;
+                    let mut case = Attention::new(shape, n_new, extra, seed).with_cuts(&cuts);
+                    if let Some(window) = window {
+                        case = case.with_mask(Mask::SlidingWindow { window });
+                    }
+                    conforms(b(), &case)?;
+                }
+
+                /// How a store cuts its rows into segments never changes the bits.
+                #[test]
+                fn attention_segments_do_not_change_bits(
+                    n_kv in 1usize..4, group in 1usize..4, pos0 in 0usize..40,
+                    n_new in 1usize..5, cuts in prop::collection::vec(1usize..48, 1..4),
+                    seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim: 8, pos0 };
+                    let whole = Attention::new(shape, n_new, 2, seed);
+                    let cut = Attention::new(shape, n_new, 2, seed).with_cuts(&cuts);
+                    prop_assert_eq!(bits(&whole.run(b())), bits(&cut.run(b())), "cuts {:?}", cuts);
                 }
 
                 #[test]

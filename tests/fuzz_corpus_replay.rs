@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use kvcore::DType;
 use kvcore::gguf::GgufFile;
 use kvcore::gguf::{GgufWriter, Value};
-use kvcore::model::tiny::TinyLlama;
 use kvcore::tokenizer::Tokenizer;
+use kvcore_test_support::tiny::TinyLlama;
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -65,7 +65,7 @@ fn gguf_model_corpus_replays() {
 
 #[test]
 fn tokenizer_corpus_replays() {
-    let path = kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required");
+    let path = kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required");
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
     let real = tokenizer::Vocab::new(Tokenizer::from_gguf(&file).expect("SmolLM2 tokenizer"));
     replay("tokenizer", |data| {

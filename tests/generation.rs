@@ -3,10 +3,10 @@
 //! vector and never disturbs a conversation's KV cache.
 
 use kvcore::gguf::GgufFile;
-use kvcore::model::tiny::TinyLlama;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling};
 use kvcore::{DType, GrowKv};
 use kvcore_scalar::Scalar;
+use kvcore_test_support::tiny::TinyLlama;
 
 fn random(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
     Sampler::new(Sampling::Random {
@@ -89,15 +89,15 @@ fn bad_parameters_and_bad_logits_are_errors() {
             seed: 0,
         });
         assert!(
-            matches!(s, Err(ModelError::Sampling(_))),
+            matches!(s, Err(ModelError::Sampling { .. })),
             "temp {t} top-p {p}"
         );
     }
     let mut g = Sampler::new(Sampling::Greedy).unwrap();
-    assert!(matches!(g.sample(&[]), Err(ModelError::NonFinite(_))));
+    assert!(matches!(g.sample(&[]), Err(ModelError::NonFinite { .. })));
     assert!(matches!(
         g.sample(&[1.0, f32::NAN]),
-        Err(ModelError::NonFinite(_))
+        Err(ModelError::NonFinite { .. })
     ));
 }
 
@@ -131,7 +131,7 @@ fn embeddings_are_unit_vectors_and_leave_the_conversation_alone() {
 
     // A conversation with and without an embedding computed in the middle.
     let run = |embed_between: bool| {
-        let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), 64).unwrap();
+        let mut kv = GrowKv::new(c.kv_geometry(), 64).unwrap();
         model.forward(&mut kv, &[9, 8, 7], Logits::Last).unwrap();
         if embed_between {
             model.embed(&[1, 2, 3, 4, 5, 6]).unwrap();

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 fn model_path() -> PathBuf {
-    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
 
 fn file() -> &'static GgufFile {

@@ -12,7 +12,7 @@ mod common;
 
 use common::*;
 use kvcore::model::{Logits, Sampler, Sampling, generate};
-use kvcore::{Backend, GrowKv};
+use kvcore::{Backend, GrowKv, Session};
 use serde_json::Value;
 
 const TOL: f32 = 0.01;
@@ -53,7 +53,7 @@ impl PerBackend for Golden {
             assert_eq!(positions.len(), all.len());
 
             // Prefill path: every position in one batched pass.
-            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut kv = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
             let logits = model.forward(&mut kv, &all, Logits::All).unwrap();
             assert_eq!(logits.dim(), (all.len(), c.vocab_size));
             for (p, reference) in positions.iter().enumerate() {
@@ -67,7 +67,7 @@ impl PerBackend for Golden {
             }
 
             // Decode path: the prompt, then one token at a time.
-            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut kv = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
             let mut last = model.forward(&mut kv, &prompt_ids, Logits::Last).unwrap();
             let n_prompt = prompt_ids.len();
             for (i, &id) in greedy_ids.iter().enumerate() {
@@ -77,11 +77,11 @@ impl PerBackend for Golden {
             }
 
             // Greedy generation through the sampler and stop rule.
-            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut session = Session::new(GrowKv::new(c.kv_geometry(), c.context_len).unwrap());
             let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
             let g = generate(
                 &model,
-                &mut kv,
+                &mut session,
                 &prompt_ids,
                 24,
                 &mut sampler,

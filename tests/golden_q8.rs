@@ -52,7 +52,7 @@ impl PerBackend for GoldenQ8 {
                 .chain(ids(&prompt["greedy_ids"]))
                 .collect();
             let positions = prompt["positions"].as_array().unwrap();
-            let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut kv = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
             for (p, &id) in all.iter().enumerate() {
                 let logits = model.forward(&mut kv, &[id], Logits::Last).unwrap();
                 let row = logits.row(0);

@@ -8,9 +8,9 @@ mod common;
 use common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
-use kvcore::model::tiny::TinyLlama;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};
-use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore};
+use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore, Session};
+use kvcore_test_support::tiny::TinyLlama;
 use ndarray::Array2;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -79,8 +79,8 @@ fn run_case<B: Backend>(model: &Llama<B>, case: &Case) -> Result<(), TestCaseErr
     let c = model.config();
     let max_ctx = c.context_len;
     let mut grow =
-        GrowKv::with_initial_capacity(c.n_layers, c.kv_dim(), max_ctx, case.initial_cap).unwrap();
-    let mut dense = DenseKv::new(c.n_layers, c.kv_dim(), max_ctx).unwrap();
+        GrowKv::with_initial_capacity(c.kv_geometry(), max_ctx, case.initial_cap).unwrap();
+    let mut dense = DenseKv::new(c.kv_geometry(), max_ctx).unwrap();
     let mut fed = 0;
     let mut last = None;
     for (i, size) in case.chunks.iter().cycle().enumerate() {
@@ -108,7 +108,7 @@ fn run_case<B: Backend>(model: &Llama<B>, case: &Case) -> Result<(), TestCaseErr
         prop_assert_eq!(bits(&a), bits(&b), "decode step {}", step);
         logits = a;
     }
-    prop_assert_eq!(grow.seq_len(), dense.seq_len());
+    prop_assert_eq!(grow.len(), dense.len());
     prop_assert!(grow.bytes() <= dense.bytes());
     Ok(())
 }
@@ -161,8 +161,8 @@ fn smollm2_300_tokens_grow_equals_dense() {
         fn run<B: Backend>(&self, backend: B) {
             let model = load_smollm2(backend);
             let c = model.config().clone();
-            let mut grow = GrowKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
-            let mut dense = DenseKv::new(c.n_layers, c.kv_dim(), c.context_len).unwrap();
+            let mut grow = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
+            let mut dense = DenseKv::new(c.kv_geometry(), c.context_len).unwrap();
             let prompt = ids(&reference_logits()[0]["prompt_ids"]);
             let mut a = model.forward(&mut grow, &prompt, Logits::Last).unwrap();
             let b = model.forward(&mut dense, &prompt, Logits::Last).unwrap();
@@ -174,7 +174,7 @@ fn smollm2_300_tokens_grow_equals_dense() {
                 let b = model.forward(&mut dense, &[id], Logits::Last).unwrap();
                 assert_eq!(bits(&a), bits(&b), "decode step {step}");
             }
-            assert_eq!(grow.seq_len(), prompt.len() + 300);
+            assert_eq!(grow.len(), prompt.len() + 300);
             // 305 positions: capacity grew 64 -> 128 -> 256 -> 512, far below dense.
             assert_eq!(grow.capacity(), 512);
             assert!(
@@ -208,13 +208,13 @@ fn tiny_model<B: Backend>(backend: B, context_len: usize) -> Llama<B> {
 fn context_overflow_is_an_error_with_partial_output() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
     let c = model.config().clone();
-    let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), 20).unwrap();
+    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 20).unwrap());
     let prompt: Vec<u32> = (0..12).collect();
     let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
     let mut streamed = Vec::new();
     let err = generate(
         &model,
-        &mut kv,
+        &mut session,
         &prompt,
         50,
         &mut sampler,
@@ -236,7 +236,11 @@ fn context_overflow_is_an_error_with_partial_output() {
     // 12 prompt positions + 8 decoded = 20 positions; the 9th generated token has no room.
     assert_eq!(partial.tokens.len(), 9);
     assert_eq!(partial.tokens, streamed);
-    assert_eq!(kv.seq_len(), 20);
+    assert_eq!(session.len(), 20);
+    assert_eq!(
+        session.tokens(),
+        [&prompt[..], &partial.tokens[..8]].concat()
+    );
     assert_eq!(partial.stats.kv_capacity, 20);
 }
 
@@ -245,13 +249,13 @@ fn context_overflow_is_an_error_with_partial_output() {
 fn prompt_longer_than_context_leaves_cache_untouched() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
     let c = model.config().clone();
-    let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), 8).unwrap();
+    let mut kv = GrowKv::new(c.kv_geometry(), 8).unwrap();
     let err = model.forward(&mut kv, &[1; 9], Logits::Last).unwrap_err();
     assert!(matches!(
         err,
         ModelError::Kv(KvError::ContextOverflow { pos: 8, max_ctx: 8 })
     ));
-    assert_eq!(kv.seq_len(), 0);
+    assert_eq!(kv.len(), 0);
     let err = model.forward(&mut kv, &[64], Logits::Last).unwrap_err();
     assert!(matches!(
         err,
@@ -267,11 +271,11 @@ fn prompt_longer_than_context_leaves_cache_untouched() {
 fn zero_new_tokens_fills_the_cache_only() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
     let c = model.config().clone();
-    let mut kv = DenseKv::new(c.n_layers, c.kv_dim(), 64).unwrap();
+    let mut session = Session::new(DenseKv::new(c.kv_geometry(), 64).unwrap());
     let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
     let g = generate(
         &model,
-        &mut kv,
+        &mut session,
         &[1, 2, 3],
         0,
         &mut sampler,
@@ -280,5 +284,5 @@ fn zero_new_tokens_fills_the_cache_only() {
     )
     .unwrap();
     assert!(g.tokens.is_empty());
-    assert_eq!(kv.seq_len(), 3);
+    assert_eq!(session.tokens(), [1, 2, 3]);
 }

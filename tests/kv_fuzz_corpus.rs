@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::Path;
 
-use kvcore::kv::diff::{Scenario, run};
+use kvcore_test_support::kv_diff::{Scenario, run};
 
 #[test]
 fn kv_growth_corpus_replays_without_divergence() {

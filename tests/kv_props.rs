@@ -1,13 +1,16 @@
-//! Property test: random op sequences on a `GrowKv` and the reference `DenseKv` must
-//! agree bit for bit after every op (`kvcore::kv::diff::run` does the checking).
+//! Property test: random op sequences on the specification store, `DenseKv` and `GrowKv`
+//! must agree bit for bit after every step (`kvcore_test_support::kv_diff::run` does the
+//! checking): appends of every length and end (committed, rolled back, failed part-way,
+//! incomplete, refused rows), replacements of the tail, truncation, clear, forks and
+//! refused allocations.
 //!
 //! The strategy builds `Scenario`s directly rather than through `Arbitrary`, so that
 //! positions are drawn around the scenario's own `max_ctx` (in range, at the ceiling,
-//! past it, near `usize::MAX`), values are biased towards the floats that expose a lossy
-//! copy (NaN payloads of both signs, `-0.0`, infinities, subnormals), and failures shrink
-//! to small cases.
+//! past it, near `usize::MAX`), appends cross the growth boundaries, values are biased
+//! towards the floats that expose a lossy copy (NaN payloads of both signs, `-0.0`,
+//! infinities, subnormals), and failures shrink to small cases.
 
-use kvcore::kv::diff::{self, KvOp, Plane, Scenario};
+use kvcore_test_support::kv_diff::{self, End, KvOp, Scenario, Start};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
@@ -36,39 +39,62 @@ fn position(max_ctx: usize) -> impl Strategy<Value = usize> {
     ]
 }
 
-fn plane() -> impl Strategy<Value = Plane> {
-    prop_oneof![Just(Plane::K), Just(Plane::V), Just(Plane::Both)]
+fn end() -> impl Strategy<Value = End> {
+    prop_oneof![
+        6 => Just(End::Commit),
+        1 => Just(End::Rollback),
+        1 => any::<u8>().prop_map(End::FailAfter),
+        1 => any::<u8>().prop_map(End::SkipLayer),
+        1 => any::<u8>().prop_map(End::BadRow),
+    ]
+}
+
+fn start(max_ctx: usize) -> impl Strategy<Value = Start> {
+    prop_oneof![
+        6 => Just(Start::End),
+        3 => (0u16..80).prop_map(Start::Back),
+        1 => position(max_ctx).prop_map(Start::At),
+    ]
 }
 
 fn op(max_ctx: usize, kv_dim: usize) -> impl Strategy<Value = KvOp> {
-    // Enough words for distinct K and V rows most of the time, sometimes fewer.
-    let bits = || prop::collection::vec(float_bits(), 0..=2 * kv_dim);
+    // Enough words for distinct rows most of the time, sometimes fewer.
+    let bits = move || prop::collection::vec(float_bits(), 0..=2 * kv_dim + 2);
+    let n = prop_oneof![6 => 0usize..=4, 3 => 0usize..=140, 1 => position(max_ctx)];
+    let seq = 0u8..4;
     prop_oneof![
-        6 => (any::<u8>(), plane(), bits())
-            .prop_map(|(layer, plane, bits)| KvOp::Append { layer, plane, bits }),
-        3 => (any::<u8>(), position(max_ctx), plane(), bits()).prop_map(
-            |(layer, pos, plane, bits)| KvOp::WriteAt { layer, pos, plane, bits }
-        ),
-        2 => prop_oneof![0..=max_ctx, position(max_ctx)].prop_map(|n| KvOp::SetSeqLen { n }),
-        1 => Just(KvOp::Clear),
+        10 => (seq.clone(), start(max_ctx), n, bits(), end())
+            .prop_map(|(seq, start, n, bits, end)| KvOp::Append { seq, start, n, bits, end }),
+        2 => (seq.clone(), prop_oneof![0..=max_ctx, position(max_ctx)])
+            .prop_map(|(seq, n)| KvOp::Truncate { seq, n }),
+        1 => seq.clone().prop_map(|seq| KvOp::Clear { seq }),
+        2 => seq.clone().prop_map(|seq| KvOp::Fork { seq }),
+        1 => seq.prop_map(|seq| KvOp::Free { seq }),
+        1 => Just(KvOp::RefuseNextAlloc),
     ]
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
-    let max_ctx = prop_oneof![0..=3usize, 0..=diff::MAX_CTX];
-    (1..=diff::MAX_LAYERS, 0..=diff::MAX_KV_DIM, max_ctx).prop_flat_map(
-        |(n_layers, kv_dim, max_ctx)| {
+    let max_ctx = prop_oneof![0..=3usize, 0..=kv_diff::MAX_CTX];
+    (
+        1..=kv_diff::MAX_LAYERS,
+        1..=kv_diff::MAX_KV_HEADS,
+        0..=kv_diff::MAX_HEAD_DIM,
+        max_ctx,
+    )
+        .prop_flat_map(|(n_layers, n_kv_heads, head_dim, max_ctx)| {
             let initial = prop::option::of(0..=max_ctx + 8);
-            let ops = prop::collection::vec(op(max_ctx, kv_dim), 0..=diff::MAX_OPS);
+            let ops =
+                prop::collection::vec(op(max_ctx, n_kv_heads * head_dim), 0..=kv_diff::MAX_OPS);
             (initial, ops).prop_map(move |(initial, ops)| Scenario {
                 n_layers,
-                kv_dim,
+                n_kv_heads,
+                head_dim,
                 max_ctx,
                 initial,
                 ops,
             })
-        },
-    )
+        })
 }
 
 proptest! {
@@ -85,8 +111,8 @@ proptest! {
     })]
 
     #[test]
-    fn grow_matches_dense_after_every_op(s in scenario()) {
-        if let Err(d) = diff::run(&s) {
+    fn stores_match_the_spec_after_every_step(s in scenario()) {
+        if let Err(d) = kv_diff::run(&s) {
             return Err(TestCaseError::fail(d.to_string()));
         }
     }

@@ -28,12 +28,13 @@ use std::time::Duration;
 use half::f16;
 use kvcore::backend::Q8Acts;
 use kvcore::gguf::GgufFile;
-use kvcore::model::tiny::TinyLlama;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling};
-use kvcore::{AttnShape, Backend, DType, Weights};
+use kvcore::ndarray::Array3;
+use kvcore::{AttnParams, Backend, DType, KvView, Weights};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
+use kvcore_test_support::tiny::TinyLlama;
 
 fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
     vec![
@@ -298,22 +299,29 @@ fn softmax_rows_with_nan_or_inf() {
 
 #[test]
 fn attention_contaminates_only_later_positions_of_the_same_group() {
-    let shape = AttnShape {
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 8,
-        pos0: 2,
-    };
-    let (n_new, kv_dim) = (3, 16);
-    let n_keys = shape.pos0 + n_new;
+    // 4 query heads over 2 KV heads of 8; new rows at positions 2, 3, 4.
+    let (pos0, n_new, kv_dim) = (2, 3, 16);
+    let n_keys = pos0 + n_new;
     let q = values(n_new * 4 * 8, 8);
     let k = values(n_keys * kv_dim, 9);
     let v = values(n_keys * kv_dim, 10);
+    let q_pos: Vec<usize> = (pos0..pos0 + n_new).collect();
     for (name, b) in backends() {
         let run = |q: &[f32], k: &[f32], v: &[f32]| {
-            let mut out = vec![0.0; q.len()];
-            b.attention(q, k, v, &mut out, &shape).unwrap();
-            out
+            let q = Array3::from_shape_vec((n_new, 4, 8), q.to_vec()).unwrap();
+            let k = Array3::from_shape_vec((n_keys, 2, 8), k.to_vec()).unwrap();
+            let v = Array3::from_shape_vec((n_keys, 2, 8), v.to_vec()).unwrap();
+            let kv = KvView::from_f32(k.view(), v.view()).unwrap();
+            let mut out = Array3::zeros((n_new, 4, 8));
+            b.attention(
+                q.view(),
+                &q_pos,
+                &kv,
+                &AttnParams::causal(8),
+                out.view_mut(),
+            )
+            .unwrap();
+            out.into_raw_vec_and_offset().0
         };
         let clean = run(&q, &k, &v);
         // Key/value row t = 3 of KV head 1 (query heads 2 and 3); new rows sit at
@@ -321,7 +329,7 @@ fn attention_contaminates_only_later_positions_of_the_same_group() {
         let (t, kv_head) = (3, 1);
         let depends = |i: usize| {
             let (row, head) = (i / 32, (i / 8) % 4);
-            shape.pos0 + row >= t && head / 2 == kv_head
+            pos0 + row >= t && head / 2 == kv_head
         };
         let at = t * kv_dim + kv_head * 8 + 5;
         let mut kp = k.clone();
@@ -425,7 +433,7 @@ fn a_nan_weight_gives_nan_logits_and_sampling_refuses_them() {
         for (name, row, sample) in run_model(|| poisoned_model(tensor, 3, f32::NAN)) {
             assert!(row.iter().all(|v| v.is_nan()), "{name} {tensor}: {row:?}");
             assert!(
-                matches!(sample, Err(ModelError::NonFinite(_))),
+                matches!(sample, Err(ModelError::NonFinite { .. })),
                 "{name} {tensor}: sampled {sample:?}"
             );
         }
@@ -441,7 +449,7 @@ fn a_nan_key_weight_reaches_the_logits() {
     for (name, row, sample) in run_model(|| poisoned_model("blk.0.attn_k.weight", 3, f32::NAN)) {
         assert!(row.iter().any(|v| v.is_nan()), "{name}: {row:?}");
         assert!(
-            matches!(sample, Err(ModelError::NonFinite(_))),
+            matches!(sample, Err(ModelError::NonFinite { .. })),
             "{name}: {sample:?}"
         );
     }
@@ -460,7 +468,7 @@ fn infinite_weights_run_and_sampling_errors_exactly_on_nan() {
                 let has_nan = row.iter().any(|v| v.is_nan());
                 match sample {
                     Ok(id) => assert!(!has_nan && (id as usize) < row.len(), "{name} {tensor}"),
-                    Err(ModelError::NonFinite(_)) => assert!(has_nan, "{name} {tensor}"),
+                    Err(ModelError::NonFinite { .. }) => assert!(has_nan, "{name} {tensor}"),
                     Err(e) => panic!("{name} {tensor} {p}: {e}"),
                 }
             }

@@ -8,10 +8,10 @@
 mod backend_support;
 
 use backend_support::cases::{
-    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use backend_support::{bits, strategy::*};
-use kvcore::backend::{AttnShape, Backend, DType, RopeStyle};
+use kvcore::backend::{Backend, DType, Mask, RopeStyle};
 use kvcore_rayon::{Rayon, RayonError};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -73,7 +73,13 @@ fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
     };
     same_bits(inner, pools, &Attention::new(decode, 1, 0, 0xa1));
     same_bits(inner, pools, &Attention::new(SMOLLM2_ATTN, 64, 3, 0xa2));
-    same_bits(inner, pools, &AttendHead::new(64, 3, 301, 0xa3));
+    same_bits(inner, pools, &Attention::heads(64, 3, 301, 0xa3));
+    let windowed = Attention::new(SMOLLM2_ATTN, 64, 3, 0xa4).with_cuts(&[40, 130]);
+    same_bits(
+        inner,
+        pools,
+        &windowed.with_mask(Mask::SlidingWindow { window: 50 }),
+    );
     same_bits(inner, pools, &RmsNorm::new(64, 576, 1e-5, 0xb1));
     same_bits(inner, pools, &RmsNorm::new(1, 576, 1e-5, 0xb2));
     for len in [576, 1536, 64 * 1536 + 17, 300_007] {

@@ -11,11 +11,11 @@
 mod backend_support;
 
 use backend_support::cases::{
-    Add, AttendHead, Attention, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use backend_support::oracle::check;
 use backend_support::{bits, strategy::*};
-use kvcore::backend::{AttnShape, DType};
+use kvcore::backend::{DType, Mask};
 use kvcore_scalar::Scalar;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -59,20 +59,25 @@ proptest! {
     }
 
     #[test]
-    fn attend_head(
+    fn attention_heads(
         head_dim in head_dim(), n_kv in 1usize..4, n_keys in prop_oneof![0usize..4, 0usize..80],
         seed in any::<u64>()
     ) {
-        against_oracle(&AttendHead::new(head_dim, n_kv, n_keys, seed))?;
+        against_oracle(&Attention::heads(head_dim, n_kv, n_keys, seed))?;
     }
 
     #[test]
     fn attention(
         head_dim in head_dim(), n_kv in 1usize..4, group in 1usize..4, pos0 in 0usize..40,
-        n_new in 0usize..5, extra in 0usize..3, seed in any::<u64>()
+        n_new in 0usize..5, extra in 0usize..3, cuts in prop::collection::vec(0usize..48, 0..3),
+        window in prop::option::of(0usize..12), seed in any::<u64>()
     ) {
         let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-        against_oracle(&Attention::new(shape, n_new, extra, seed))?;
+        let mut case = Attention::new(shape, n_new, extra, seed).with_cuts(&cuts);
+        if let Some(window) = window {
+            case = case.with_mask(Mask::SlidingWindow { window });
+        }
+        against_oracle(&case)?;
     }
 
     #[test]
@@ -145,9 +150,18 @@ fn all_masked_softmax_is_zeros_not_nan() {
 }
 
 #[test]
-fn attend_head_with_no_keys_is_zeros() {
+fn attention_that_sees_no_key_is_zeros() {
     for hd in [1, 8, 64] {
-        let case = AttendHead::new(hd, 2, 0, 3);
-        assert_eq!(bits(&case.run(&B)), vec![0; hd]);
+        let case = Attention::heads(hd, 2, 0, 3);
+        assert_eq!(bits(&case.run(&B)), vec![0; 2 * hd]);
+        // A zero window hides every key, the query's own included.
+        let shape = AttnShape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: hd,
+            pos0: 5,
+        };
+        let case = Attention::new(shape, 2, 0, 4).with_mask(Mask::SlidingWindow { window: 0 });
+        assert_eq!(bits(&case.run(&B)), vec![0; 2 * 2 * hd]);
     }
 }

@@ -12,7 +12,7 @@ use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde_json::Value;
 
 fn model_path() -> PathBuf {
-    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
 
 const REFERENCE: &str = concat!(

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
 fn model_path() -> PathBuf {
-    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
 
 fn tokenizer() -> &'static Tokenizer {

@@ -18,8 +18,10 @@
 
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
-use kvcore::model::{LlamaConfig, fetch};
-use kvcore::{DenseKv, GrowKv, KvStore};
+use kvcore::model::LlamaConfig;
+use kvcore::ndarray::Array2;
+use kvcore::{Append, DenseKv, GrowKv, KvStore};
+use kvcore_fetch as fetch;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -75,11 +77,14 @@ fn main() -> anyhow::Result<()> {
 /// every layer) to `kv`, keeping only the first and last point of each flat run.
 fn bytes_curve<K: KvStore>(mut kv: K) -> anyhow::Result<Vec<(f64, f64)>> {
     let mut points: Vec<(f64, f64)> = Vec::new();
+    let g = kv.geometry();
+    let row = Array2::<f32>::zeros((1, g.kv_dim())); // [1, kv_dim]
     for pos in 0..kv.max_ctx() {
-        for layer in 0..kv.n_layers() {
-            kv.k_mut(layer, pos)?;
-            kv.v_mut(layer, pos)?;
+        let mut tx = Append::begin(&mut kv, pos, 1)?;
+        for layer in 0..g.n_layers {
+            tx.write(layer, row.view(), row.view())?;
         }
+        tx.commit()?;
         let point = ((pos + 1) as f64, kv.bytes() as f64 / MIB);
         // Drop the middle of a flat run: the step's corners are all a line needs.
         if let [.., a, b] = points.as_slice()
@@ -95,8 +100,8 @@ fn bytes_curve<K: KvStore>(mut kv: K) -> anyhow::Result<Vec<(f64, f64)>> {
 
 fn kv_memory_chart(path: &Path, c: &LlamaConfig, rss: &[Bar]) -> anyhow::Result<()> {
     let ctx = c.context_len;
-    let grow = bytes_curve(GrowKv::new(c.n_layers, c.kv_dim(), ctx)?)?;
-    let dense = bytes_curve(DenseKv::new(c.n_layers, c.kv_dim(), ctx)?)?;
+    let grow = bytes_curve(GrowKv::new(c.kv_geometry(), ctx)?)?;
+    let dense = bytes_curve(DenseKv::new(c.kv_geometry(), ctx)?)?;
     let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(660);

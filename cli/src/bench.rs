@@ -8,10 +8,10 @@
 //! pseudo-random sequence, as llama-bench uses random tokens.
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
+use crate::commands::peak_rss_bytes;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::gguf::GgufFile;
-use kvcore::model::generate::peak_rss_bytes;
 use kvcore::model::{Activations, Llama, Logits};
 use kvcore::{Backend, DenseKv, GrowKv, KvStore};
 use std::time::Instant;
@@ -109,11 +109,11 @@ impl Job for BenchJob<'_> {
             for rep in 0..=self.plan.reps {
                 let (secs, bytes) = match self.plan.kv {
                     KvChoice::Grow => {
-                        let kv = GrowKv::new(c.n_layers, c.kv_dim(), ctx)?;
+                        let kv = GrowKv::new(model.kv_geometry(), ctx)?;
                         time_once(&model, kv, &ids, prefill)?
                     }
                     KvChoice::Dense => {
-                        let kv = DenseKv::new(c.n_layers, c.kv_dim(), ctx)?;
+                        let kv = DenseKv::new(model.kv_geometry(), ctx)?;
                         time_once(&model, kv, &ids, prefill)?
                     }
                 };

@@ -5,9 +5,10 @@ use crate::{BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, TokenizeArg
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
-use kvcore::model::{self, Activations, Generation, Llama, Sampler, Sampling, fetch};
+use kvcore::model::{self, Activations, Generation, Llama, Sampler, Sampling};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
-use kvcore::{Backend, DenseKv, GrowKv, KvStore};
+use kvcore::{Backend, DenseKv, GrowKv, KvStore, Session};
+use kvcore_fetch as fetch;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -211,10 +212,10 @@ impl Job for GenerateJob {
                 self.prompt.len()
             );
         }
-        let c = model.config();
+        let geometry = model.kv_geometry();
         match self.args.kv {
             KvChoice::Grow => {
-                let kv = GrowKv::new(c.n_layers, c.kv_dim(), max_ctx)?;
+                let kv = GrowKv::new(geometry, max_ctx)?;
                 run_generation(
                     &model,
                     kv,
@@ -225,7 +226,7 @@ impl Job for GenerateJob {
                 )
             }
             KvChoice::Dense => {
-                let kv = DenseKv::new(c.n_layers, c.kv_dim(), max_ctx)?;
+                let kv = DenseKv::new(geometry, max_ctx)?;
                 run_generation(
                     &model,
                     kv,
@@ -241,18 +242,19 @@ impl Job for GenerateJob {
 
 fn run_generation<B: Backend, K: KvStore>(
     model: &Llama<B>,
-    mut kv: K,
+    kv: K,
     tok: &Tokenizer,
     prompt: &[u32],
     mut sampler: Sampler,
     args: &GenerateArgs,
 ) -> anyhow::Result<ExitCode> {
+    let mut session = Session::new(kv);
     let mut stream = tok.stream();
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let result = model::generate(
         model,
-        &mut kv,
+        &mut session,
         prompt,
         args.n,
         &mut sampler,
@@ -287,7 +289,7 @@ fn run_generation<B: Backend, K: KvStore>(
         if let Some(e) = write_err {
             return Err(e.into());
         }
-        print_stats(&generation, &kv, model.activations());
+        print_stats(&generation, session.kv(), model.activations());
     } else {
         let shown: Vec<u32> = generation
             .tokens
@@ -308,12 +310,14 @@ fn run_generation<B: Backend, K: KvStore>(
                 "decode_tok_s": s.decode_tok_s(),
                 "kv_bytes": s.kv_bytes,
                 "kv_capacity": s.kv_capacity,
-                "kv_dense_bytes": dense_bytes(&kv),
-                "peak_rss_bytes": s.peak_rss_bytes,
+                "kv_dense_bytes": dense_bytes(session.kv()),
+                "peak_rss_bytes": peak_rss_bytes(),
                 "backend": s.backend,
                 "threads": s.threads,
                 "activations": model.activations().name(),
                 "prompt_token_count": s.prompt_tokens,
+                "reused_tokens": s.reused_tokens,
+                "prefilled_tokens": s.prefilled_tokens,
                 "generated_token_count": s.generated_tokens,
             }
         });
@@ -330,7 +334,16 @@ fn run_generation<B: Backend, K: KvStore>(
 
 /// What a dense store of the same geometry would hold: `2 · layers · max_ctx · kv_dim · 4`.
 fn dense_bytes<K: KvStore>(kv: &K) -> usize {
-    2 * kv.n_layers() * kv.max_ctx() * kv.kv_dim() * std::mem::size_of::<f32>()
+    let g = kv.geometry();
+    2 * g.n_layers * kv.max_ctx() * g.kv_dim() * std::mem::size_of::<f32>()
+}
+
+/// Peak resident set size of this process, from `getrusage(RUSAGE_SELF)` (Linux reports
+/// `ru_maxrss` in KiB); 0 where the OS does not say.
+pub fn peak_rss_bytes() -> u64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .map(|u| u64::try_from(u.max_rss()).unwrap_or(0) * 1024)
+        .unwrap_or(0)
 }
 
 fn print_stats<K: KvStore>(g: &Generation, kv: &K, acts: Activations) {
@@ -350,7 +363,7 @@ fn print_stats<K: KvStore>(g: &Generation, kv: &K, acts: Activations) {
         s.kv_capacity,
         kv.max_ctx(),
         mib(dense_bytes(kv)),
-        s.peak_rss_bytes as f64 / (1024.0 * 1024.0),
+        peak_rss_bytes() as f64 / (1024.0 * 1024.0),
         s.backend,
         s.threads,
         acts.name()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kvcore::DType;
-use kvcore::model::tiny::TinyLlama;
+use kvcore_test_support::tiny::TinyLlama;
 
 fn kvcore(args: &[&OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvcore"))
@@ -27,7 +27,7 @@ fn run(args: &[&str]) -> Output {
 }
 
 fn smollm2() -> String {
-    let p = kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required");
+    let p = kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required");
     p.to_str().expect("a UTF-8 model path").to_string()
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn model() -> PathBuf {
-    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
 
 fn reference() -> Vec<Value> {

@@ -38,9 +38,9 @@
 use half::{bf16, f16};
 use kvcore::DType;
 use kvcore::gguf::{GgufFile, GgufWriter, Value};
-use kvcore::model::tiny::TinyLlama;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling};
 use kvcore_scalar::Scalar;
+use kvcore_test_support::tiny::TinyLlama;
 
 /// The most edits one input applies.
 const MAX_EDITS: usize = 8;
@@ -388,7 +388,7 @@ fn run(bytes: Vec<u8>, prompt: &[u32]) {
             assert!((id as usize) < vocab, "sampled id {id} of {vocab}");
             assert!(row.iter().all(|v| !v.is_nan()), "sampled a row with NaN");
         }
-        Err(ModelError::NonFinite(_)) => {
+        Err(ModelError::NonFinite { .. }) => {
             assert!(
                 row.iter().any(|v| v.is_nan()),
                 "NonFinite on a NaN-free row"

@@ -1,10 +1,11 @@
-//! Fuzz target `kv_growth`: decodes the input into a `kvcore::kv::diff::Scenario` (the
-//! byte format is in that module's docs) and replays it on a `GrowKv` and a `DenseKv`;
-//! any divergence between the two is a crash.
+//! Fuzz target `kv_growth`: decodes the input into a `kvcore_test_support::kv_diff::Scenario`
+//! and replays it on the specification store, a `DenseKv` and a `GrowKv` (appends,
+//! replacements, rollbacks, failed passes, truncation, forks, refused allocations); any
+//! divergence between them is a crash.
 
 #![no_main]
 
-use kvcore::kv::diff::{Scenario, run};
+use kvcore_test_support::kv_diff::{Scenario, run};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -20,7 +20,7 @@ use libfuzzer_sys::fuzz_target;
 fn real() -> Option<&'static Vocab> {
     static REAL: OnceLock<Option<Vocab>> = OnceLock::new();
     REAL.get_or_init(|| {
-        let path = kvcore::model::fetch::cache_path().ok()?;
+        let path = kvcore_fetch::cache_path().ok()?;
         let file = GgufFile::open(&path).ok()?;
         Some(Vocab::new(Tokenizer::from_gguf(&file).ok()?))
     })

@@ -23,6 +23,9 @@ pub use shape::{ShapeError, check};
 
 use std::ops::Range;
 
+use crate::kv::KvView;
+use ndarray::{ArrayView3, ArrayViewMut3};
+
 /// A read-only view of a weight matrix `W: [rows, cols]` in its stored format.
 ///
 /// Row `r` occupies bytes `r·row_bytes .. (r+1)·row_bytes` of `data`, with
@@ -150,22 +153,55 @@ pub struct Rope {
     pub style: RopeStyle,
 }
 
-/// Geometry of one attention call.
-///
-/// The query holds `n_new` new positions, the keys and values hold `n_keys` cached
-/// positions of one layer (`KvStore::keys`/`values`), `n_keys ≥ pos0 + n_new`. New
-/// position `i` sits at absolute position `pos0 + i` and attends causally to keys
-/// `0 ..= pos0 + i`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnShape {
-    /// Query heads; a multiple of `n_kv_heads`.
-    pub n_heads: usize,
-    /// Key/value heads. Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
-    pub n_kv_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-    /// Absolute position of the first new query row (the causal offset).
-    pub pos0: usize,
+/// Which cached positions a query may attend to, computed from positions (never from
+/// slot indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mask {
+    /// A query at position `p` sees every key at a position `≤ p`.
+    Causal,
+    /// A query at `p` sees the keys at positions `p − window < k ≤ p`: itself and the
+    /// `window − 1` positions before it (Gemma's sliding window: a key is hidden once
+    /// `p − k ≥ window`).
+    SlidingWindow {
+        /// Positions seen, the query's own included.
+        window: usize,
+    },
+}
+
+impl Mask {
+    /// The key positions a query at `q_pos` sees: a range (empty for a zero window).
+    pub fn visible_positions(self, q_pos: usize) -> Range<usize> {
+        let end = q_pos.saturating_add(1);
+        match self {
+            Mask::Causal => 0..end,
+            Mask::SlidingWindow { window } => end.saturating_sub(window)..end,
+        }
+    }
+
+    /// Whether a query at `q_pos` sees the key at `k_pos`.
+    pub fn sees(self, q_pos: usize, k_pos: usize) -> bool {
+        self.visible_positions(q_pos).contains(&k_pos)
+    }
+}
+
+/// The parameters of one attention call besides its operands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// The factor on every score `q·k` (`1/√head_dim` for Llama and Gemma 3).
+    pub scale: f32,
+    /// Which positions each query sees.
+    pub mask: Mask,
+}
+
+impl AttnParams {
+    /// Causal attention with the usual `1/√head_dim` scale.
+    pub fn causal(head_dim: usize) -> Self {
+        AttnParams {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            mask: Mask::Causal,
+        }
+    }
 }
 
 /// The numeric kernels of a Llama forward pass.
@@ -236,63 +272,24 @@ pub trait Backend: Send + Sync {
         rope: &Rope,
     ) -> Result<(), ShapeError>;
 
-    /// Attention of one query head against one KV head's rows:
-    /// `out ← Σ_t softmax_t(scale · q·k_t) v_t` over `t in 0..n_keys`.
+    /// Grouped-query attention of `n` new positions against one layer of the cache.
     ///
-    /// `q: [head_dim]`, `keys`/`values`: `[n_keys, kv_dim]` of which this head reads
-    /// columns `kv_head·head_dim .. (kv_head+1)·head_dim`, `out: [head_dim]`.
-    /// The softmax subtracts the maximum score first; with `n_keys = 0` the output is
-    /// all zeros (an empty softmax has no weights, rather than 0/0 = NaN).
-    #[allow(clippy::too_many_arguments)]
-    fn attend_head(
-        &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError>;
-
-    /// Causal grouped-query attention for `n_new` new positions.
-    ///
-    /// `q: [n_new, n_heads, head_dim]`, `keys`/`values`: `[n_keys, n_kv_heads·head_dim]`,
-    /// `out: [n_new, n_heads, head_dim]`; scale `1/√head_dim`. New row `i` attends to
-    /// keys `0 ..= shape.pos0 + i` (see [`AttnShape`]). The default runs
-    /// [`attend_head`](Backend::attend_head) for every (row, head) in order.
+    /// `q: [n, n_heads, head_dim]`, row `i` at position `q_pos[i]`; `kv` the layer's view
+    /// (`[slots, n_kv_heads, head_dim]` per segment); `out: [n, n_heads, head_dim]`.
+    /// Query head `h` reads KV head `h / (n_heads / n_kv_heads)`. For each row and head:
+    /// `out ← Σ_t softmax_t(scale · q·k_t) v_t` over the slots `t` whose positions
+    /// `params.mask` lets the row see, in view order (ascending positions). The softmax
+    /// subtracts the maximum score first; a row that sees no slot gets zeros (an empty
+    /// softmax has no weights, rather than 0/0 = NaN). The last axis of `q`, `out` and
+    /// the rows must be contiguous; the others may be strided.
     fn attention(
         &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        out: &mut [f32],
-        shape: &AttnShape,
-    ) -> Result<(), ShapeError> {
-        let n_new = check::attention(q, keys, values, out, shape)?;
-        let hd = shape.head_dim;
-        let kv_dim = shape.n_kv_heads * hd;
-        let group = shape.n_heads / shape.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for i in 0..n_new {
-            let n_keys = shape.pos0 + i + 1;
-            for h in 0..shape.n_heads {
-                let at = (i * shape.n_heads + h) * hd;
-                self.attend_head(
-                    &q[at..at + hd],
-                    &keys[..n_keys * kv_dim],
-                    &values[..n_keys * kv_dim],
-                    n_keys,
-                    kv_dim,
-                    h / group,
-                    scale,
-                    &mut out[at..at + hd],
-                )?;
-            }
-        }
-        Ok(())
-    }
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+    ) -> Result<(), ShapeError>;
 
     /// RMSNorm of each row: `out[t] ← x[t] / √(mean(x[t]²) + eps) ⊙ weight`.
     ///
@@ -353,28 +350,15 @@ impl<B: Backend + ?Sized> Backend for &B {
     ) -> Result<(), ShapeError> {
         (**self).rope(x, head_dim, positions, rope)
     }
-    fn attend_head(
-        &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        (**self).attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)
-    }
     fn attention(
         &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        out: &mut [f32],
-        shape: &AttnShape,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
-        (**self).attention(q, keys, values, out, shape)
+        (**self).attention(q, q_pos, kv, params, out)
     }
     fn rms_norm(
         &self,

@@ -1,10 +1,13 @@
 //! Shape errors and the shape checks every [`Backend`](super::Backend) runs first.
 
-use super::{AttnShape, DType, Weights};
+use super::{DType, Weights};
+use crate::kv::{KvRows, KvType, KvView};
+use ndarray::{ArrayView3, ArrayViewMut3};
 use thiserror::Error;
 
 /// A kernel was called with operands whose shapes do not fit together.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum ShapeError {
     #[error("{what}: expected length {expected}, got {actual}")]
     Length {
@@ -40,6 +43,16 @@ pub enum ShapeError {
     Geometry(&'static str),
     #[error("size overflow computing {what}")]
     Overflow { what: &'static str },
+    #[error("{what}: expected dims {expected:?}, got {actual:?}")]
+    Dims {
+        what: &'static str,
+        expected: [usize; 3],
+        actual: [usize; 3],
+    },
+    #[error("{what}: the last axis must be contiguous")]
+    NotContiguous { what: &'static str },
+    #[error("{what}: not available for {kv_type} KV rows")]
+    UnsupportedKv { what: &'static str, kv_type: KvType },
 }
 
 /// Shape checks shared by every backend, one per kernel, named after it.
@@ -122,82 +135,66 @@ pub mod check {
         Ok(())
     }
 
-    /// One head: `q`, `out`: `[head_dim]`, `keys`/`values`: `[n_keys, kv_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_head(
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        out: &[f32],
-    ) -> Result<(), ShapeError> {
-        let hd = q.len();
-        len("attention out", out.len(), hd)?;
-        let end = (kv_head + 1)
-            .checked_mul(hd)
-            .ok_or(ShapeError::Overflow { what: "kv head" })?;
-        if end > kv_dim {
-            return Err(ShapeError::Index {
-                what: "kv heads",
-                index: kv_head,
-                len: kv_dim / hd.max(1),
-            });
-        }
-        let kv_len = n_keys
-            .checked_mul(kv_dim)
-            .ok_or(ShapeError::Overflow { what: "kv rows" })?;
-        len("attention keys", keys.len(), kv_len)?;
-        len("attention values", values.len(), kv_len)
+    /// Whether the last axis of a view with this shape and these strides is contiguous
+    /// (an empty view is, whatever strides it reports).
+    fn last_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+        shape.contains(&0) || shape.last().is_none_or(|&d| d <= 1) || strides.last() == Some(&1)
     }
 
-    /// Whole-layer attention; returns `n_new`.
+    /// Attention: `q`, `out`: `[n, n_heads, head_dim]`, `q_pos: [n]`, the view's heads
+    /// dividing `n_heads` and its `head_dim` equal; heads and `head_dim` non-zero; the
+    /// last axis of `q`, `out` and every segment's rows contiguous.
     pub fn attention(
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        out: &[f32],
-        s: &AttnShape,
-    ) -> Result<usize, ShapeError> {
-        if s.head_dim == 0 || s.n_kv_heads == 0 || s.n_heads == 0 {
+        q: &ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        out: &ArrayViewMut3<'_, f32>,
+    ) -> Result<(), ShapeError> {
+        let (n, n_heads, hd) = q.dim();
+        let (on, oh, od) = out.dim();
+        if (on, oh, od) != (n, n_heads, hd) {
+            return Err(ShapeError::Dims {
+                what: "attention out",
+                expected: [n, n_heads, hd],
+                actual: [on, oh, od],
+            });
+        }
+        len("attention q_pos", q_pos.len(), n)?;
+        if n_heads == 0 || hd == 0 || kv.n_kv_heads() == 0 {
             return Err(ShapeError::Geometry(
                 "attention heads and head_dim must be non-zero",
             ));
         }
-        if !s.n_heads.is_multiple_of(s.n_kv_heads) {
+        if !n_heads.is_multiple_of(kv.n_kv_heads()) {
             return Err(ShapeError::Geometry(
                 "n_heads must be a multiple of n_kv_heads",
             ));
         }
-        let q_row = s.n_heads * s.head_dim;
-        let kv_dim = s.n_kv_heads * s.head_dim;
-        if !q.len().is_multiple_of(q_row) {
-            return Err(ShapeError::NotMultiple {
+        len("attention kv head_dim", kv.head_dim(), hd)?;
+        if !last_contiguous(q.shape(), q.strides()) {
+            return Err(ShapeError::NotContiguous {
                 what: "attention q",
-                len: q.len(),
-                multiple: q_row,
             });
         }
-        let n_new = q.len() / q_row;
-        len("attention out", out.len(), q.len())?;
-        if !keys.len().is_multiple_of(kv_dim) {
-            return Err(ShapeError::NotMultiple {
-                what: "attention keys",
-                len: keys.len(),
-                multiple: kv_dim,
+        if !last_contiguous(out.shape(), out.strides()) {
+            return Err(ShapeError::NotContiguous {
+                what: "attention out",
             });
         }
-        len("attention values", values.len(), keys.len())?;
-        let n_keys = keys.len() / kv_dim;
-        if s.pos0 + n_new > n_keys {
-            return Err(ShapeError::Length {
-                what: "attention keys (rows needed: pos0 + n_new)",
-                expected: s.pos0 + n_new,
-                actual: n_keys,
-            });
+        for seg in kv.segments() {
+            for (what, rows) in [
+                ("attention keys", seg.keys()),
+                ("attention values", seg.values()),
+            ] {
+                let contiguous = match rows {
+                    KvRows::F32(a) => last_contiguous(a.shape(), a.strides()),
+                };
+                if !contiguous {
+                    return Err(ShapeError::NotContiguous { what });
+                }
+            }
         }
-        Ok(n_new)
+        Ok(())
     }
 
     /// `x`, `out`: `[n, d]`, `weight: [d]`.

@@ -1,147 +1,412 @@
-//! The KV cache: a `[layer][pos][kv_dim]` fp32 store of each position's projected keys
-//! and values.
+//! The KV cache: per layer, the projected keys and values of every position a sequence
+//! holds, behind one seam, [`KvStore`], that every store implements and attention reads.
 //!
-//! Two stores implement [`KvStore`]:
-//! - [`DenseKv`] preallocates `n_layers · max_ctx · kv_dim` floats for K and for V. It is
-//!   the reference.
-//! - [`GrowKv`] keeps the same layout with the per-layer stride equal to its live capacity
-//!   `cap`, `offset(layer, pos) = (layer · cap + pos) · kv_dim`, starting at
-//!   `min(64, max_ctx)` positions and doubling (clamped to `max_ctx`) when a write needs
-//!   more. Its results are bitwise identical to [`DenseKv`]'s.
+//! ## The seam
+//! - **Reads** go through [`KvStore::view`]: a [`KvView`] of one layer, segments of slots
+//!   with explicit positions and rows `[slots, n_kv_heads, head_dim]` in the store's
+//!   element type ([`KvRows`]). The layout is the store's business; attention computes
+//!   its mask from the positions ([`Mask`](crate::backend::Mask)).
+//! - **Writes are transactional.** A forward pass opens an append of `n` positions at
+//!   `at ≤ len` ([`KvStore::begin`]; `at < len` replaces the tail), writes every layer's
+//!   rows ([`KvStore::write`]) and either commits (the store then holds positions
+//!   `0 .. at + n`) or rolls back. Until the commit, [`len`](KvStore::len) and every
+//!   committed row are unchanged; a layer's pending rows are visible only to
+//!   [`view`](KvStore::view)s of that layer, for the pass's own attention. A rollback
+//!   restores the store exactly: same `len`, same rows, same capacity and `bytes()`. All
+//!   of an append's allocation happens in `begin`, so a refused allocation changes
+//!   nothing and a commit cannot fail for lack of memory. [`Append`] is the guard that
+//!   rolls back when a pass returns early.
+//! - **Sequence operations**: [`truncate`](KvStore::truncate) (roll back to the first `n`
+//!   positions), [`clear`](KvStore::clear) and [`fork`](KvStore::fork) (a second store
+//!   holding the same positions; a copy).
 //!
-//! Positions at or beyond `max_ctx` are a [`KvError::ContextOverflow`], never a panic or
-//! a silent clamp. Both constructors check the full-size byte count
-//! `2 · n_layers · max_ctx · kv_dim · 4` with checked arithmetic ([`KvError::TooLarge`])
-//! and allocate fallibly ([`KvError::AllocFailed`]), so no geometry aborts the process.
+//! ## The stores
+//! - [`DenseKv`] preallocates `max_ctx` positions: the reference.
+//! - [`GrowKv`] starts at `min(64, max_ctx)` positions and doubles on demand, up to the
+//!   hard `max_ctx` ceiling, re-laying out its rows with one memcpy per layer.
 //!
-//! [`diff`] holds the differential runner that drives both stores with one op sequence
-//! and compares them bit for bit (used by the property tests and the `kv_growth` fuzz
-//! target).
+//! Both keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as the
+//! per-layer stride, share their implementation (`rows.rs`) and differ only in when
+//! capacity is allocated, so their views, and the attention computed from them, are
+//! bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
+//! every size is computed with checked arithmetic ([`KvError::TooLarge`]) and every buffer
+//! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
+//! may refuse.
 
 mod dense;
-pub mod diff;
 mod grow;
+mod rows;
+mod view;
 
 pub use dense::DenseKv;
 pub use grow::GrowKv;
+pub use view::{KvRows, KvSegment, KvView};
 
+use std::fmt;
+use std::sync::Arc;
+
+use ndarray::ArrayView2;
 use thiserror::Error;
 
-/// Errors of the KV stores.
+/// The shape of a store: layers, KV heads per position and elements per head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvGeometry {
+    /// Transformer layers, each with its own K and V rows.
+    pub n_layers: usize,
+    /// Key/value heads per position.
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+impl KvGeometry {
+    /// Elements per K or V row: `n_kv_heads · head_dim` (saturating; the stores'
+    /// constructors reject a geometry whose rows overflow, [`KvError::TooLarge`]).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads.saturating_mul(self.head_dim)
+    }
+}
+
+/// The element type a store keeps its K or V rows in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KvType {
+    /// 32-bit floats: exact copies of the projected rows.
+    F32,
+}
+
+impl KvType {
+    /// Every type, in code order.
+    pub const ALL: [KvType; 1] = [KvType::F32];
+
+    /// `"f32"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+        }
+    }
+
+    /// The stable numeric code used in state files.
+    pub const fn code(self) -> u8 {
+        match self {
+            KvType::F32 => 0,
+        }
+    }
+
+    /// The type of a code, or `None`.
+    pub fn from_code(code: u8) -> Option<KvType> {
+        KvType::ALL.into_iter().find(|t| t.code() == code)
+    }
+
+    /// Bytes of one row of `kv_dim` elements, or `None` on overflow.
+    pub fn row_bytes(self, kv_dim: usize) -> Option<usize> {
+        match self {
+            KvType::F32 => kv_dim.checked_mul(4),
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors of the KV stores. A call that errors changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum KvError {
-    /// A position at or past the store's hard ceiling was written or made resident.
+    /// A position at or past the store's hard ceiling was asked for.
     #[error("context overflow: position {pos} does not fit in a context of {max_ctx} positions")]
-    ContextOverflow { pos: usize, max_ctx: usize },
-    /// The store's full size, `2 · n_layers · max_ctx · kv_dim · 4` bytes (K and V at
-    /// `max_ctx` positions), or one layer's `2 · max_ctx · kv_dim · 4`, exceeds
-    /// `isize::MAX`, the largest allocation Rust allows.
+    ContextOverflow {
+        /// The highest position the call needed.
+        pos: usize,
+        /// The store's ceiling.
+        max_ctx: usize,
+    },
+    /// The store at its full size, `2 · n_layers · max_ctx · kv_dim` elements, does not
+    /// fit in memory's address range (`isize::MAX` bytes).
     #[error(
-        "KV store of {n_layers} layers x {max_ctx} positions x {kv_dim} floats overflows memory size"
+        "KV store of {n_layers} layers x {max_ctx} positions x {kv_dim} elements overflows memory size"
     )]
     TooLarge {
+        /// Layers.
         n_layers: usize,
+        /// Positions.
         max_ctx: usize,
+        /// Elements per row (saturated if it overflows itself).
         kv_dim: usize,
     },
-    /// The allocator refused a K or V buffer of `bytes` bytes (the store is unchanged).
+    /// The allocator (or the store's [`AllocGate`]) refused a buffer.
     #[error("KV store allocation of {bytes} bytes failed")]
-    AllocFailed { bytes: usize },
+    AllocFailed {
+        /// The size asked for.
+        bytes: usize,
+    },
+    /// A layer index past the store's layers.
+    #[error("layer {layer} out of range for a KV store of {n_layers} layers")]
+    NoSuchLayer {
+        /// The index asked for.
+        layer: usize,
+        /// The store's layers.
+        n_layers: usize,
+    },
+    /// Rows of the wrong shape, `(rows, elements per row)`.
+    #[error("{what}: expected [{}, {}], got [{}, {}]", expected.0, expected.1, found.0, found.1)]
+    RowShape {
+        /// Which rows.
+        what: &'static str,
+        /// The shape the store needs.
+        expected: (usize, usize),
+        /// The shape given.
+        found: (usize, usize),
+    },
+    /// An append that would start past the positions held, leaving a gap.
+    #[error("an append at position {at} would leave a gap after the {len} positions held")]
+    StartPastEnd {
+        /// Where the append was to start.
+        at: usize,
+        /// Positions held.
+        len: usize,
+    },
+    /// [`KvStore::begin`] while an append is open, or an operation that needs none open.
+    #[error("an append is already open on this KV store")]
+    AppendOpen,
+    /// [`KvStore::write`] or [`KvStore::commit`] with no append open.
+    #[error("no append is open on this KV store")]
+    NoAppend,
+    /// [`KvStore::commit`] before every layer's rows were written.
+    #[error("cannot commit: layer {layer} of the append was not written")]
+    Incomplete {
+        /// The first layer not written.
+        layer: usize,
+    },
+    /// Segments of a view whose positions overlap or are out of order.
+    #[error("a segment starting at position {start} does not follow position {after}")]
+    Positions {
+        /// The segment's first position.
+        start: usize,
+        /// The first position after the previous segment.
+        after: usize,
+    },
+    /// A segment whose positions run past `usize::MAX`.
+    #[error("a segment of {len} slots at position {start} overflows")]
+    PositionOverflow {
+        /// The first position.
+        start: usize,
+        /// Slots.
+        len: usize,
+    },
 }
 
-/// Floats in one of the K/V buffers of `n_layers · ctx · kv_dim`, or
-/// [`KvError::TooLarge`] when the two buffers together (`2 ·` that `· 4` bytes), or one
-/// layer of them (`ctx · kv_dim`, which matters when `n_layers` is 0), would exceed
-/// `isize::MAX` bytes. Checking the full `max_ctx` size once at construction makes every
-/// offset `layer · (cap · kv_dim) + pos · kv_dim` and buffer length
-/// `n_layers · (cap · kv_dim)` with `cap ≤ max_ctx` overflow-free, whichever factor is 0.
-fn buffer_len(n_layers: usize, ctx: usize, kv_dim: usize) -> Result<usize, KvError> {
-    let fits = |floats: usize| {
-        floats
-            .checked_mul(2 * std::mem::size_of::<f32>())
-            .is_some_and(|bytes| bytes <= isize::MAX as usize)
-    };
-    ctx.checked_mul(kv_dim)
-        .filter(|&stride| fits(stride))
-        .and_then(|stride| stride.checked_mul(n_layers))
-        .filter(|&floats| fits(floats))
-        .ok_or(KvError::TooLarge {
-            n_layers,
-            max_ctx: ctx,
-            kv_dim,
-        })
-}
-
-/// A zero-filled buffer of exactly `len` floats (`capacity() == len`), allocated
-/// fallibly: a refused allocation is [`KvError::AllocFailed`], not an abort. Every page
-/// is written (resident) on return.
-fn zeroed(len: usize) -> Result<Vec<f32>, KvError> {
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(len)
-        .map_err(|_| KvError::AllocFailed {
-            bytes: len * std::mem::size_of::<f32>(),
-        })?;
-    buf.resize(len, 0.0);
-    Ok(buf)
-}
-
-/// A per-layer store of K and V rows, `[layer][pos][kv_dim]`, f32.
+/// A policy consulted before a store allocates a buffer: it may refuse, and the store's
+/// call then fails with [`KvError::AllocFailed`] and changes nothing.
 ///
-/// `seq_len` positions are *filled*: `keys(layer)`/`values(layer)` return rows
-/// `0..seq_len`. `capacity` positions per layer are *resident* (allocated). Rows that are
-/// resident but were never written read as `0.0`. Rows past `seq_len` (after a
-/// truncating [`set_seq_len`](KvStore::set_seq_len) or [`clear`](KvStore::clear)) keep
-/// their contents: raising `seq_len` again exposes them unchanged.
+/// Stores allocate only when they grow, when an append that replaces committed rows saves
+/// them for its rollback, and when they fork. The default (no gate) admits every request,
+/// which the system allocator may still refuse.
+pub trait AllocGate: Send + Sync + fmt::Debug {
+    /// Whether a buffer of `bytes` bytes may be allocated now.
+    fn admit(&self, bytes: usize) -> bool;
+}
+
+/// A per-layer store of the K and V rows of positions `0 .. len`.
 ///
-/// Invariant: `seq_len ≤ capacity ≤ max_ctx`. Only `k_mut`, `v_mut` and `set_seq_len`
-/// may grow the store; a call that errors changes nothing.
+/// See the [module docs](self) for the contract: views for reads, transactional appends
+/// for writes, sequence operations on committed state. Every method that takes outside
+/// input returns a `Result`; no method panics on any input.
+///
+/// Object safe: `Box<dyn KvStore>` is itself a store (its [`fork`](KvStore::fork) goes
+/// through [`fork_boxed`](KvStore::fork_boxed)).
 pub trait KvStore: Send {
-    /// Number of layers.
-    fn n_layers(&self) -> usize;
-    /// Floats per row (`n_kv_heads · head_dim`).
-    fn kv_dim(&self) -> usize;
+    /// Layers, KV heads and head size.
+    fn geometry(&self) -> KvGeometry;
+
+    /// Element types of the K rows and of the V rows.
+    fn kv_types(&self) -> (KvType, KvType);
+
     /// Hard ceiling on positions.
     fn max_ctx(&self) -> usize;
-    /// Positions resident per layer.
+
+    /// Positions held (committed): `0 .. len`.
+    fn len(&self) -> usize;
+
+    /// Whether no position is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions per layer the store can hold without allocating.
     fn capacity(&self) -> usize;
-    /// Positions filled.
-    fn seq_len(&self) -> usize;
-    /// The K row of `(layer, pos)` for writing; grows the store so `pos` is resident and
-    /// sets `seq_len` to `max(seq_len, pos + 1)`.
-    ///
-    /// Errors with [`KvError::ContextOverflow`] when `pos >= max_ctx`, and with
-    /// [`KvError::AllocFailed`] when growing is refused by the allocator; either way the
-    /// store is unchanged.
-    ///
-    /// # Panics
-    /// If `layer >= n_layers` (a programming error), checked before `pos`.
-    fn k_mut(&mut self, layer: usize, pos: usize) -> Result<&mut [f32], KvError>;
-    /// The V row of `(layer, pos)` for writing; as [`k_mut`](KvStore::k_mut).
-    fn v_mut(&mut self, layer: usize, pos: usize) -> Result<&mut [f32], KvError>;
-    /// The K row of `(layer, pos)`. Never grows or allocates.
-    ///
-    /// # Panics
-    /// If `layer >= n_layers` or `pos >= seq_len` (programming errors).
-    fn k(&self, layer: usize, pos: usize) -> &[f32];
-    /// The V row of `(layer, pos)`; as [`k`](KvStore::k).
-    fn v(&self, layer: usize, pos: usize) -> &[f32];
-    /// Rows `0..seq_len` of one layer's keys, contiguous: `[seq_len, kv_dim]`.
-    ///
-    /// # Panics
-    /// If `layer >= n_layers`.
-    fn keys(&self, layer: usize) -> &[f32];
-    /// Rows `0..seq_len` of one layer's values, contiguous: `[seq_len, kv_dim]`.
-    fn values(&self, layer: usize) -> &[f32];
-    /// Sets the filled length to `n`, growing ahead so rows `0..n` are resident. A
-    /// smaller `n` truncates (the rows stay resident, contents kept).
-    ///
-    /// Errors with [`KvError::ContextOverflow`] `{ pos: n - 1, max_ctx }` (the highest
-    /// position it would make resident) when `n > max_ctx`, and with
-    /// [`KvError::AllocFailed`] when growing is refused; either way nothing changes.
-    fn set_seq_len(&mut self, n: usize) -> Result<(), KvError>;
-    /// Sets `seq_len` to 0 and keeps the capacity (and the rows' contents).
-    fn clear(&mut self);
-    /// True resident footprint of the K and V buffers in bytes: the allocated capacity of
-    /// both, `2 · n_layers · capacity · kv_dim · 4` for the stores here.
+
+    /// True resident footprint of the store's buffers in bytes (during an append that
+    /// grew the store, the old buffers kept for a rollback included).
     fn bytes(&self) -> usize;
+
+    /// Layer `layer` as attention reads it: the committed positions `0 .. len`, or, once
+    /// the open append has written this layer, `0 .. at + n` with the pending rows.
+    ///
+    /// Errors with [`KvError::NoSuchLayer`].
+    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError>;
+
+    /// Opens an append of `n` positions at `at ..` (`at ≤ len`; `at < len` replaces
+    /// positions `at ..` when committed), making room for them.
+    ///
+    /// Errors, changing nothing: [`KvError::AppendOpen`], [`KvError::StartPastEnd`] when
+    /// `at > len`, [`KvError::ContextOverflow`] when `at + n > max_ctx`,
+    /// [`KvError::AllocFailed`] when room cannot be made.
+    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError>;
+
+    /// Writes the open append's rows of layer `layer`: `k`, `v`: `[n, kv_dim]`, row `t`
+    /// at position `at + t`. Writing a layer again replaces its pending rows.
+    ///
+    /// Errors, changing nothing: [`KvError::NoAppend`], [`KvError::NoSuchLayer`],
+    /// [`KvError::RowShape`].
+    fn write(
+        &mut self,
+        layer: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError>;
+
+    /// Makes the open append visible: the store then holds positions `0 .. at + n`.
+    ///
+    /// Errors, leaving the append open: [`KvError::NoAppend`], and
+    /// [`KvError::Incomplete`] when `n > 0` and a layer was not written.
+    fn commit(&mut self) -> Result<(), KvError>;
+
+    /// Discards the open append (if any), restoring the store exactly as it was before
+    /// [`begin`](KvStore::begin).
+    fn rollback(&mut self);
+
+    /// Keeps positions `0 .. min(n, len)` and drops the rest; capacity is kept. Discards
+    /// an open append first.
+    fn truncate(&mut self, n: usize);
+
+    /// Drops every position; capacity is kept. Discards an open append first.
+    fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// A new store of the same kind holding the same positions, element types, ceiling
+    /// and capacity (a copy).
+    ///
+    /// Errors: [`KvError::AppendOpen`], [`KvError::AllocFailed`].
+    fn fork(&self) -> Result<Self, KvError>
+    where
+        Self: Sized;
+
+    /// [`fork`](KvStore::fork), boxed: the form a trait object can call.
+    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError>;
 }
+
+impl KvStore for Box<dyn KvStore> {
+    fn geometry(&self) -> KvGeometry {
+        (**self).geometry()
+    }
+    fn kv_types(&self) -> (KvType, KvType) {
+        (**self).kv_types()
+    }
+    fn max_ctx(&self) -> usize {
+        (**self).max_ctx()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn capacity(&self) -> usize {
+        (**self).capacity()
+    }
+    fn bytes(&self) -> usize {
+        (**self).bytes()
+    }
+    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
+        (**self).view(layer)
+    }
+    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
+        (**self).begin(at, n)
+    }
+    fn write(
+        &mut self,
+        layer: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError> {
+        (**self).write(layer, k, v)
+    }
+    fn commit(&mut self) -> Result<(), KvError> {
+        (**self).commit()
+    }
+    fn rollback(&mut self) {
+        (**self).rollback()
+    }
+    fn truncate(&mut self, n: usize) {
+        (**self).truncate(n)
+    }
+    fn clear(&mut self) {
+        (**self).clear()
+    }
+    fn fork(&self) -> Result<Self, KvError> {
+        (**self).fork_boxed()
+    }
+    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
+        (**self).fork_boxed()
+    }
+}
+
+/// An open append on a store: writes, views for the pass's own attention, and a commit.
+/// Dropped without [`commit`](Append::commit) (a pass that returned early with an error),
+/// it rolls the store back.
+pub struct Append<'s, K: KvStore + ?Sized> {
+    kv: &'s mut K,
+    open: bool,
+}
+
+impl<'s, K: KvStore + ?Sized> Append<'s, K> {
+    /// Opens an append of `n` positions at `at` on `kv` ([`KvStore::begin`]).
+    pub fn begin(kv: &'s mut K, at: usize, n: usize) -> Result<Self, KvError> {
+        kv.begin(at, n)?;
+        Ok(Append { kv, open: true })
+    }
+
+    /// [`KvStore::write`].
+    pub fn write(
+        &mut self,
+        layer: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError> {
+        self.kv.write(layer, k, v)
+    }
+
+    /// [`KvStore::view`], including this append's rows of the layers written so far.
+    pub fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
+        self.kv.view(layer)
+    }
+
+    /// [`KvStore::commit`]; on error the append is rolled back.
+    pub fn commit(mut self) -> Result<(), KvError> {
+        let result = self.kv.commit();
+        self.open = result.is_err();
+        result
+    }
+}
+
+impl<K: KvStore + ?Sized> Drop for Append<'_, K> {
+    fn drop(&mut self) {
+        if self.open {
+            self.kv.rollback();
+        }
+    }
+}
+
+impl<K: KvStore + ?Sized> fmt::Debug for Append<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Append")
+            .field("len", &self.kv.len())
+            .field("open", &self.open)
+            .finish()
+    }
+}
+
+/// The gate a store consults, shared by its forks.
+pub(crate) type Gate = Option<Arc<dyn AllocGate>>;

@@ -3,6 +3,7 @@
 use super::ModelError;
 use crate::backend::RopeStyle;
 use crate::gguf::GgufFile;
+use crate::kv::KvGeometry;
 
 /// The shape of a Llama-family transformer.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +40,15 @@ impl LlamaConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// The KV store geometry: layers, KV heads, head size.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            n_layers: self.n_layers,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
     /// Floats per query row: `n_heads · head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
@@ -51,7 +61,9 @@ impl LlamaConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
         let arch = file.get_str("general.architecture")?;
         if arch != "llama" {
-            return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
+            return Err(ModelError::UnsupportedArchitecture {
+                arch: arch.to_string(),
+            });
         }
         let int = |key: &str| -> Result<usize, ModelError> {
             let v = file.get_u64(key)?;
@@ -76,7 +88,9 @@ impl LlamaConfig {
         let rms_eps = file.get_f32("llama.attention.layer_norm_rms_epsilon")?;
         let embd = file
             .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: "token_embd.weight".into(),
+            })?;
         let vocab_size = match file.get("llama.vocab_size") {
             Some(_) => int("llama.vocab_size")?,
             None => embd.dims.get(1).copied().unwrap_or(0) as usize,

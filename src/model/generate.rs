@@ -1,13 +1,14 @@
 //! Token generation: samplers, the prefill/decode loop and its statistics.
 //!
-//! [`generate`] prefills the prompt in one batched forward pass, then decodes one token at
-//! a time, feeding each sampled token back, until a stop token, `max_new` tokens, or the
-//! KV store's `max_ctx`. Running out of context is an error that still carries the tokens
-//! generated so far.
+//! [`generate`] prefills the prompt into a [`Session`] (reusing what it already holds) in
+//! one batched forward pass, then decodes one token at a time, feeding each sampled token
+//! back, until a stop token, `max_new` tokens, or the KV store's `max_ctx`. Running out of
+//! context is an error that still carries the tokens generated so far.
 
-use super::{Llama, Logits, ModelError};
+use super::{Llama, ModelError};
 use crate::backend::Backend;
 use crate::kv::KvStore;
+use crate::session::Session;
 use std::time::{Duration, Instant};
 
 /// How the next token is chosen from the logits.
@@ -46,14 +47,18 @@ impl Sampler {
                 ..
             } => {
                 if !(temperature.is_finite() && temperature > 0.0) {
-                    return Err(ModelError::Sampling(format!(
-                        "temperature must be finite and > 0, got {temperature}"
-                    )));
+                    return Err(ModelError::Sampling {
+                        param: "temperature",
+                        rule: "finite and > 0",
+                        value: temperature,
+                    });
                 }
                 if !(top_p > 0.0 && top_p <= 1.0) {
-                    return Err(ModelError::Sampling(format!(
-                        "top-p must be in (0, 1], got {top_p}"
-                    )));
+                    return Err(ModelError::Sampling {
+                        param: "top-p",
+                        rule: "in (0, 1]",
+                        value: top_p,
+                    });
                 }
                 seed
             }
@@ -70,7 +75,7 @@ impl Sampler {
     /// token can be said to be the most likely).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
         if logits.is_empty() || logits.iter().any(|v| v.is_nan()) {
-            return Err(ModelError::NonFinite("logits"));
+            return Err(ModelError::NonFinite { what: "logits" });
         }
         match self.sampling {
             Sampling::Greedy => Ok(argmax(logits)),
@@ -156,9 +161,14 @@ impl SplitMix64 {
 
 /// Measurements of one generation.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct GenStats {
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Prompt positions the session already held and reused.
+    pub reused_tokens: usize,
+    /// Prompt positions run through the model (`prompt_tokens − reused_tokens`).
+    pub prefilled_tokens: usize,
     /// Tokens generated (including a final stop token).
     pub generated_tokens: usize,
     /// Time from the start of prefill to the first generated token.
@@ -171,8 +181,6 @@ pub struct GenStats {
     pub kv_bytes: usize,
     /// `KvStore::capacity()` at the end, in positions.
     pub kv_capacity: usize,
-    /// Peak resident set size of the process so far (`getrusage`), in bytes.
-    pub peak_rss_bytes: u64,
     /// Backend name.
     pub backend: String,
     /// Backend threads.
@@ -180,9 +188,9 @@ pub struct GenStats {
 }
 
 impl GenStats {
-    /// Prompt tokens per second of prefill.
+    /// Prefilled positions per second.
     pub fn prefill_tok_s(&self) -> f64 {
-        per_second(self.prompt_tokens, self.prefill_time)
+        per_second(self.prefilled_tokens, self.prefill_time)
     }
 
     /// Generated tokens per second after the first (each needs one decode step).
@@ -221,15 +229,17 @@ pub struct GenerateError {
     pub partial: Generation,
 }
 
-/// Generates up to `max_new` tokens after `prompt`, appending to `kv`.
+/// Generates up to `max_new` tokens after `prompt` in `session`.
 ///
-/// Prefill runs the whole prompt in one forward pass; each new token then costs one
-/// decode step. `on_token` sees every generated id as soon as it is sampled (for
-/// streaming). Stops after a token for which `is_stop` is true, after `max_new` tokens,
-/// or with an error; `max_new = 0` only fills the cache with the prompt.
+/// The session first holds `prompt` ([`Session::prefill`]: positions it already holds
+/// are reused, the rest run in one batched pass); each new token then costs one decode
+/// step. `on_token` sees every generated id as soon as it is sampled (for streaming).
+/// Stops after a token for which `is_stop` is true, after `max_new` tokens, or with an
+/// error; `max_new = 0` only prefills. The last sampled token is not run through the
+/// model, so the session ends holding the prompt and every generated token but the last.
 pub fn generate<B: Backend, K: KvStore>(
     model: &Llama<B>,
-    kv: &mut K,
+    session: &mut Session<K>,
     prompt: &[u32],
     max_new: usize,
     sampler: &mut Sampler,
@@ -247,7 +257,7 @@ pub fn generate<B: Backend, K: KvStore>(
     };
     let result = run(
         model,
-        kv,
+        session,
         prompt,
         max_new,
         sampler,
@@ -255,9 +265,8 @@ pub fn generate<B: Backend, K: KvStore>(
         &mut on_token,
         &mut out,
     );
-    out.stats.kv_bytes = kv.bytes();
-    out.stats.kv_capacity = kv.capacity();
-    out.stats.peak_rss_bytes = peak_rss_bytes();
+    out.stats.kv_bytes = session.kv().bytes();
+    out.stats.kv_capacity = session.kv().capacity();
     match result {
         Ok(()) => Ok(out),
         Err(source) => Err(Box::new(GenerateError {
@@ -270,7 +279,7 @@ pub fn generate<B: Backend, K: KvStore>(
 #[allow(clippy::too_many_arguments)]
 fn run<B: Backend, K: KvStore>(
     model: &Llama<B>,
-    kv: &mut K,
+    session: &mut Session<K>,
     prompt: &[u32],
     max_new: usize,
     sampler: &mut Sampler,
@@ -278,23 +287,18 @@ fn run<B: Backend, K: KvStore>(
     on_token: &mut impl FnMut(u32),
     out: &mut Generation,
 ) -> Result<(), ModelError> {
-    if prompt.is_empty() {
-        return Err(ModelError::EmptyInput);
-    }
     let start = Instant::now();
-    let mode = if max_new == 0 {
-        Logits::None
-    } else {
-        Logits::Last
-    };
-    let mut logits = model.forward(kv, prompt, mode)?; // [1, vocab]
+    let prefill = session.prefill(model, prompt)?;
     out.stats.prefill_time = start.elapsed();
+    out.stats.reused_tokens = prefill.reused;
+    out.stats.prefilled_tokens = prefill.prefilled;
     if max_new == 0 {
         return Ok(());
     }
+    let mut logits = prefill.logits; // [vocab]
     let mut decode_start = None;
     loop {
-        let id = sampler.sample(logits.row(0).as_slice().expect("standard layout"))?;
+        let id = sampler.sample(&logits)?;
         if out.tokens.is_empty() {
             out.stats.ttft = start.elapsed();
             decode_start = Some(Instant::now());
@@ -309,18 +313,10 @@ fn run<B: Backend, K: KvStore>(
         if out.tokens.len() == max_new {
             break;
         }
-        let step = model.forward(kv, &[id], Logits::Last);
+        let step = session.decode(model, id);
         out.stats.decode_time = decode_start.map(|t| t.elapsed()).unwrap_or_default();
         logits = step?;
     }
     out.stats.decode_time = decode_start.map(|t| t.elapsed()).unwrap_or_default();
     Ok(())
-}
-
-/// Peak resident set size of this process, from `getrusage(RUSAGE_SELF)` (Linux reports
-/// `ru_maxrss` in KiB); 0 where the OS does not say.
-pub fn peak_rss_bytes() -> u64 {
-    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        .map(|u| u64::try_from(u.max_rss()).unwrap_or(0) * 1024)
-        .unwrap_or(0)
 }

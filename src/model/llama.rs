@@ -1,14 +1,16 @@
 //! The Llama forward pass, generic over the compute [`Backend`] and the [`KvStore`].
 //!
 //! One call to [`Llama::forward`] appends `n` tokens at positions `pos0 .. pos0 + n`
-//! (`pos0 = kv.seq_len()`): prefill passes the whole prompt at once (the matmuls are GEMMs),
-//! decode passes one token (GEMVs). Per block, with `x: [n, d_model]` the residual stream:
+//! (`pos0 = kv.len()`) in one transaction on the store ([`Append`]): committed when the
+//! logits are computed, rolled back on any error. Prefill passes the whole prompt at once
+//! (the matmuls are GEMMs), decode passes one token (GEMVs). Per block, with
+//! `x: [n, d_model]` the residual stream:
 //!
 //! ```text
 //! xn = rms_norm(x) ⊙ attn_norm
 //! q = xn Wqᵀ, k = xn Wkᵀ, v = xn Wvᵀ           rope(q), rope(k)
-//! K/V rows pos0.. ← k, v                        (KvStore::k_mut / v_mut)
-//! x += attention(q, keys(layer), values(layer)) Woᵀ
+//! K/V rows pos0.. ← k, v                        (the pass's open append)
+//! x += attention(q, view(layer)) Woᵀ            (causal mask from the positions)
 //! xn = rms_norm(x) ⊙ ffn_norm
 //! x += (silu(xn Wgateᵀ) ⊙ xn Wupᵀ) Wdownᵀ
 //! ```
@@ -23,9 +25,9 @@
 //! `backend::q8`). Plain-format matrices and multi-token passes (prefill, GEMM) stay f32.
 
 use super::{LlamaConfig, ModelError};
-use crate::backend::{AttnShape, Backend, Q8Acts, Rope, Weights, q8};
+use crate::backend::{AttnParams, Backend, Q8Acts, Rope, Weights, q8};
 use crate::gguf::GgufFile;
-use crate::kv::{GrowKv, KvError, KvStore};
+use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore};
 use ndarray::{Array2, Axis};
 
 /// Which rows of logits a forward pass computes.
@@ -114,7 +116,9 @@ impl<B: Backend> Llama<B> {
                 .tensors()
                 .iter()
                 .position(|t| t.name == name)
-                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: name.to_string(),
+                })?;
             let w = file.weights(&file.tensors()[index])?;
             if w.rows() != rows || w.cols() != cols {
                 return Err(ModelError::TensorShape {
@@ -197,7 +201,7 @@ impl<B: Backend> Llama<B> {
 
     /// A new empty grow-on-demand KV store for this model with a `max_ctx` ceiling.
     pub fn new_grow_kv(&self, max_ctx: usize) -> Result<GrowKv, KvError> {
-        GrowKv::new(self.config.n_layers, self.config.kv_dim(), max_ctx)
+        GrowKv::new(self.kv_geometry(), max_ctx)
     }
 
     fn weights(&self, m: MatRef) -> Weights<'_> {
@@ -248,35 +252,72 @@ impl<B: Backend> Llama<B> {
         Ok(out)
     }
 
-    /// Runs `tokens` through the model at positions `kv.seq_len() ..`, appending their
-    /// K and V rows to `kv`, and returns the requested logits, `[rows, vocab]`.
+    /// Runs `tokens` through the model at positions `kv.len() ..`, appending their K and
+    /// V rows to `kv`, and returns the requested logits, `[rows, vocab]`.
     ///
-    /// Errors before touching `kv` when a token id is outside the vocabulary or the
-    /// positions would pass `kv.max_ctx()` ([`KvError::ContextOverflow`]), so a failed
-    /// call leaves the cache as it was.
-    pub fn forward<K: KvStore>(
+    /// The append is a transaction ([`KvStore::begin`]): if any step fails — a token id
+    /// outside the vocabulary, positions past `kv.max_ctx()` ([`KvError::ContextOverflow`]),
+    /// a refused allocation, a kernel's shape error in any layer — the call returns the
+    /// error and `kv` is exactly as it was.
+    pub fn forward<K: KvStore + ?Sized>(
         &self,
         kv: &mut K,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Array2<f32>, ModelError> {
-        self.backend
-            .scope(|| self.forward_in_scope(kv, tokens, logits))
+        self.forward_from(kv, kv.len(), tokens, logits)
     }
 
-    /// [`forward`](Self::forward), inside the backend's execution context.
-    fn forward_in_scope<K: KvStore>(
+    /// [`forward`](Self::forward) at positions `at ..` (`at ≤ kv.len()`): on success `kv`
+    /// holds positions `0 .. at + tokens.len()`, its rows from `at` on replaced by those
+    /// of `tokens`; on error it is unchanged. With no tokens nothing changes.
+    pub fn forward_from<K: KvStore + ?Sized>(
         &self,
         kv: &mut K,
+        at: usize,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Array2<f32>, ModelError> {
-        let c = &self.config;
-        let x = self.hidden(kv, tokens)?; // [n, d_model]
+        self.check_inputs(kv, tokens)?;
+        if tokens.is_empty() {
+            return Ok(Array2::zeros((0, self.config.vocab_size)));
+        }
+        self.backend.scope(|| {
+            let mut tx = Append::begin(kv, at, tokens.len())?;
+            let x = self.blocks(&mut tx, at, tokens)?; // [n, d_model]
+            let out = self.logits(x, logits)?;
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// The model's KV geometry, as every store it runs on must have.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        self.config.kv_geometry()
+    }
+
+    /// Checks that `kv` has this model's geometry and that every token is in the
+    /// vocabulary.
+    fn check_inputs<K: KvStore + ?Sized>(&self, kv: &K, tokens: &[u32]) -> Result<(), ModelError> {
+        let expected = self.kv_geometry();
+        if kv.geometry() != expected {
+            return Err(ModelError::KvGeometry {
+                expected,
+                found: kv.geometry(),
+            });
+        }
+        let vocab_size = self.config.vocab_size;
+        match tokens.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    /// The requested logits rows of the residual stream `x: [n, d_model]`, `[rows, vocab]`.
+    fn logits(&self, x: Array2<f32>, logits: Logits) -> Result<Array2<f32>, ModelError> {
         let n = x.nrows();
         let rows = match logits {
-            _ if n == 0 => return Ok(Array2::zeros((0, c.vocab_size))),
-            Logits::None => return Ok(Array2::zeros((0, c.vocab_size))),
+            Logits::None => return Ok(Array2::zeros((0, self.config.vocab_size))),
             Logits::Last => x
                 .slice_axis(Axis(0), ndarray::Slice::from(n - 1..))
                 .to_owned(),
@@ -287,46 +328,23 @@ impl<B: Backend> Llama<B> {
     }
 
     /// The residual stream after the last block, `[n, d_model]` (before the output norm),
-    /// appending the K/V rows of `tokens` to `kv`. Checks as [`forward`](Self::forward).
-    fn hidden<K: KvStore>(&self, kv: &mut K, tokens: &[u32]) -> Result<Array2<f32>, ModelError> {
+    /// for `tokens` (`n ≥ 1`) at positions `at ..`, writing their K/V rows into the open
+    /// append `tx`.
+    fn blocks<K: KvStore + ?Sized>(
+        &self,
+        tx: &mut Append<'_, K>,
+        at: usize,
+        tokens: &[u32],
+    ) -> Result<Array2<f32>, ModelError> {
         let c = &self.config;
         let b = &self.backend;
         let n = tokens.len();
-        let pos0 = kv.seq_len();
-        if kv.n_layers() != c.n_layers || kv.kv_dim() != c.kv_dim() {
-            return Err(ModelError::KvGeometry {
-                expected: (c.n_layers, c.kv_dim()),
-                found: (kv.n_layers(), kv.kv_dim()),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab_size: c.vocab_size,
-            });
-        }
-        if n == 0 {
-            return Ok(Array2::zeros((0, c.d_model)));
-        }
-        let end = pos0 + n;
-        if end > kv.max_ctx() {
-            return Err(KvError::ContextOverflow {
-                pos: end - 1,
-                max_ctx: kv.max_ctx(),
-            }
-            .into());
-        }
-        let positions: Vec<usize> = (pos0..end).collect();
+        let positions: Vec<usize> = (at..at + n).collect();
         let rope = Rope {
             base: c.rope_base,
             style: c.rope_style,
         };
-        let attn_shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            pos0,
-        };
+        let params = AttnParams::causal(c.head_dim);
 
         // x: [n, d_model], the residual stream.
         let mut x = Array2::<f32>::zeros((n, c.d_model));
@@ -343,32 +361,19 @@ impl<B: Backend> Llama<B> {
             let mut q = self.matmul(blk.wq, &xn)?; // [n, q_dim]
             let mut k = self.matmul(blk.wk, &xn)?; // [n, kv_dim]
             let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
-            b.rope(
-                q.as_slice_mut().expect("std"),
-                c.head_dim,
-                &positions,
-                &rope,
-            )?;
-            b.rope(
-                k.as_slice_mut().expect("std"),
-                c.head_dim,
-                &positions,
-                &rope,
-            )?;
-            for (t, pos) in positions.iter().enumerate() {
-                kv.k_mut(layer, *pos)?
-                    .copy_from_slice(k.row(t).as_slice().expect("std"));
-                kv.v_mut(layer, *pos)?
-                    .copy_from_slice(v.row(t).as_slice().expect("std"));
-            }
+            b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
+            b.rope(std_slice_mut(&mut k), c.head_dim, &positions, &rope)?;
+            tx.write(layer, k.view(), v.view())?; // K/V rows at..at+n
             let mut att = Array2::<f32>::zeros((n, c.q_dim())); // [n, q_dim]
-            b.attention(
-                q.as_slice().expect("std"),
-                &kv.keys(layer)[..end * c.kv_dim()],
-                &kv.values(layer)[..end * c.kv_dim()],
-                att.as_slice_mut().expect("std"),
-                &attn_shape,
-            )?;
+            let att_heads = att
+                .view_mut()
+                .into_shape_with_order((n, c.n_heads, c.head_dim))
+                .expect("standard layout [n, n_heads·head_dim]");
+            let q_heads = q
+                .view()
+                .into_shape_with_order((n, c.n_heads, c.head_dim))
+                .expect("standard layout [n, n_heads·head_dim]");
+            b.attention(q_heads, &positions, &tx.view(layer)?, &params, att_heads)?;
             let o = self.matmul(blk.wo, &self.input(&att)?)?; // [n, d_model]
             self.residual(&mut x, &o)?;
 
@@ -401,14 +406,18 @@ impl<B: Backend> Llama<B> {
     /// Sentence embedding of `tokens`: the final hidden state (after the output norm),
     /// mean-pooled over positions and L2-normalised, `[d_model]`.
     ///
-    /// Runs on a KV store of its own, so a conversation's cache is never disturbed.
+    /// Runs on a KV store of its own (never committed), so a conversation's cache is
+    /// never disturbed.
     pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        let c = &self.config;
-        let mut kv = GrowKv::new(c.n_layers, c.kv_dim(), tokens.len())?;
-        let hidden = self.backend.scope(|| self.hidden(&mut kv, tokens))?; // [n, d_model]
+        let mut kv = GrowKv::new(self.kv_geometry(), tokens.len())?;
+        self.check_inputs(&kv, tokens)?;
+        let hidden = self.backend.scope(|| {
+            let mut tx = Append::begin(&mut kv, 0, tokens.len())?;
+            self.blocks(&mut tx, 0, tokens)
+        })?; // [n, d_model]
         let normed = self.rms_norm(&hidden, &self.output_norm)?; // [n, d_model]
         let mean = normed.mean_axis(Axis(0)).expect("n > 0"); // [d_model]
         let norm = mean
@@ -417,8 +426,13 @@ impl<B: Backend> Llama<B> {
             .sum::<f64>()
             .sqrt();
         if !norm.is_finite() || norm == 0.0 {
-            return Err(ModelError::NonFinite("embedding"));
+            return Err(ModelError::NonFinite { what: "embedding" });
         }
         Ok(mean.iter().map(|v| (f64::from(*v) / norm) as f32).collect())
     }
+}
+
+/// The elements of a standard-layout array (every activation here is one).
+fn std_slice_mut(a: &mut Array2<f32>) -> &mut [f32] {
+    a.as_slice_mut().expect("standard layout")
 }

@@ -1,15 +1,12 @@
-//! The Llama runtime: config, forward pass, generation, and getting the model file.
+//! The Llama runtime: config, forward pass and generation.
 //!
 //! - [`config`]: hyper-parameters from GGUF metadata;
 //! - [`llama`]: [`Llama`], the forward pass over any `Backend` and `KvStore`;
-//! - [`generate`]: samplers, the generation loop and [`GenStats`];
-//! - [`fetch`]: where the SmolLM2 file lives and how it gets there (PyPI, via pip).
+//! - [`generate`]: samplers, the generation loop and [`GenStats`].
 
 pub mod config;
-pub mod fetch;
 pub mod generate;
 pub mod llama;
-pub mod tiny;
 
 pub use config::LlamaConfig;
 pub use generate::{GenStats, Generation, Sampler, Sampling, generate};
@@ -17,41 +14,85 @@ pub use llama::{Activations, Llama, Logits};
 
 use crate::backend::ShapeError;
 use crate::gguf::GgufError;
-use crate::kv::KvError;
+use crate::kv::{KvError, KvGeometry};
 use thiserror::Error;
 
 /// Errors of loading and running a model.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ModelError {
+    /// The model file could not be read or parsed.
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    /// The KV store refused the pass (context overflow, allocation, misuse).
     #[error(transparent)]
     Kv(#[from] KvError),
+    /// A kernel was called with operands whose shapes do not fit.
     #[error("kernel shape error: {0}")]
     Shape(#[from] ShapeError),
-    #[error("unsupported architecture {0:?}: kvcore runs llama-architecture models")]
-    UnsupportedArchitecture(String),
+    /// `general.architecture` names an architecture kvcore does not run.
+    #[error("unsupported architecture {arch:?}: kvcore runs llama-architecture models")]
+    UnsupportedArchitecture {
+        /// The file's architecture.
+        arch: String,
+    },
+    /// A metadata value is missing, mistyped or inconsistent.
     #[error("bad model metadata {key}: {problem}")]
-    Config { key: String, problem: String },
-    #[error("tensor {0} is missing from the model file")]
-    MissingTensor(String),
+    Config {
+        /// The metadata key.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A tensor the architecture needs is not in the file.
+    #[error("tensor {name} is missing from the model file")]
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+    },
+    /// A tensor's dims disagree with the config.
     #[error("tensor {name} has dims {found:?}, the config implies {expected:?}")]
     TensorShape {
+        /// The tensor's name.
         name: String,
+        /// The dims the config implies (ggml order, `ne0` first).
         expected: Vec<u64>,
+        /// The dims in the file.
         found: Vec<u64>,
     },
+    /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab_size}")]
-    TokenOutOfRange { id: u32, vocab_size: usize },
-    #[error("KV store has {found:?} (layers, kv_dim), the model needs {expected:?}")]
-    KvGeometry {
-        expected: (usize, usize),
-        found: (usize, usize),
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Tokens in the vocabulary.
+        vocab_size: usize,
     },
+    /// A KV store whose geometry is not the model's.
+    #[error("KV store has geometry {found:?}, the model needs {expected:?}")]
+    KvGeometry {
+        /// The model's.
+        expected: KvGeometry,
+        /// The store's.
+        found: KvGeometry,
+    },
+    /// An empty prompt or text where at least one token is needed.
     #[error("empty input")]
     EmptyInput,
-    #[error("non-finite values in the {0}")]
-    NonFinite(&'static str),
-    #[error("invalid sampling parameter: {0}")]
-    Sampling(String),
+    /// NaN or infinite values where a result needs finite ones.
+    #[error("non-finite values in the {what}")]
+    NonFinite {
+        /// Which values.
+        what: &'static str,
+    },
+    /// A sampling parameter outside its range.
+    #[error("invalid sampling parameter: {param} must be {rule}, got {value}")]
+    Sampling {
+        /// The parameter (`temperature`, `top-p`).
+        param: &'static str,
+        /// Its valid range.
+        rule: &'static str,
+        /// The value given.
+        value: f32,
+    },
 }

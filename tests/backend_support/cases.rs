@@ -5,7 +5,9 @@
 
 use super::oracle::{self, Bounded};
 use super::{Matrix, Rng};
-use kvcore::backend::{AttnShape, Backend, DType, Q8Acts, Rope, RopeStyle};
+use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Rope, RopeStyle};
+use kvcore::kv::{KvRows, KvSegment, KvView};
+use kvcore::ndarray::{Array3, Axis, Slice};
 
 /// A kernel call with fixed inputs.
 pub trait Case {
@@ -216,107 +218,180 @@ impl Case for RopeCase {
     }
 }
 
-/// One attention head.
-pub struct AttendHead {
+/// The geometry of an attention case: `n_new` query rows at positions `pos0 ..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads; a multiple of `n_kv_heads`.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Position of the first query row.
+    pub pos0: usize,
+}
+
+/// Grouped-query attention of a layer: `q: [n, n_heads, head_dim]` at positions
+/// `pos0 ..`, against cached rows at positions `0 .. n_keys` held in one or more segments,
+/// under a mask and a scale.
+pub struct Attention {
+    pub shape: AttnShape,
     pub q: Vec<f32>,
+    /// `[n_keys, n_kv_heads, head_dim]`
     pub keys: Vec<f32>,
+    /// `[n_keys, n_kv_heads, head_dim]`
     pub values: Vec<f32>,
     pub n_keys: usize,
-    pub kv_dim: usize,
-    pub kv_head: usize,
-    pub scale: f32,
-}
-
-impl AttendHead {
-    pub fn new(head_dim: usize, n_kv_heads: usize, n_keys: usize, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
-        let kv_dim = n_kv_heads * head_dim;
-        AttendHead {
-            q: rng.uniform(head_dim, 2.0),
-            keys: rng.uniform(n_keys * kv_dim, 2.0),
-            values: rng.values(n_keys * kv_dim),
-            n_keys,
-            kv_dim,
-            kv_head: rng.below(n_kv_heads),
-            scale: rng.range(0.1, 1.5),
-        }
-    }
-}
-
-impl Case for AttendHead {
-    fn label(&self) -> String {
-        format!(
-            "attend_head hd {} n_keys {} kv_dim {} kv_head {} scale {}",
-            self.q.len(),
-            self.n_keys,
-            self.kv_dim,
-            self.kv_head,
-            self.scale
-        )
-    }
-    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
-        let mut out = vec![f32::NAN; self.q.len()];
-        b.attend_head(
-            &self.q,
-            &self.keys,
-            &self.values,
-            self.n_keys,
-            self.kv_dim,
-            self.kv_head,
-            self.scale,
-            &mut out,
-        )
-        .expect("attend_head shapes");
-        out
-    }
-    fn oracle(&self) -> Vec<Bounded> {
-        oracle::attend_head(
-            &self.q,
-            &self.keys,
-            &self.values,
-            self.n_keys,
-            self.kv_dim,
-            self.kv_head,
-            self.scale,
-        )
-    }
-}
-
-/// Causal GQA attention of a layer.
-pub struct Attention {
-    pub q: Vec<f32>,
-    pub keys: Vec<f32>,
-    pub values: Vec<f32>,
-    pub shape: AttnShape,
+    /// Where the rows are cut into segments (ascending slot indices in `1..n_keys`).
+    pub cuts: Vec<usize>,
+    pub params: AttnParams,
 }
 
 impl Attention {
-    /// `n_keys = pos0 + n_new + extra` cached rows.
+    /// `n_keys = pos0 + n_new + extra` cached rows (the rows past the queries are
+    /// masked), one segment, causal, scale `1/√head_dim`.
     pub fn new(shape: AttnShape, n_new: usize, extra: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let kv_dim = shape.n_kv_heads * shape.head_dim;
         let n_keys = shape.pos0 + n_new + extra;
         Attention {
+            shape,
             q: rng.uniform(n_new * shape.n_heads * shape.head_dim, 2.0),
             keys: rng.uniform(n_keys * kv_dim, 2.0),
             values: rng.values(n_keys * kv_dim),
-            shape,
+            n_keys,
+            cuts: Vec::new(),
+            params: AttnParams::causal(shape.head_dim),
         }
+    }
+
+    /// One query row per KV head (group 1) at the last of `n_keys` positions, with a
+    /// random scale: each head against every cached row (the kernel of one decode step).
+    pub fn heads(head_dim: usize, n_kv_heads: usize, n_keys: usize, seed: u64) -> Self {
+        let shape = AttnShape {
+            n_heads: n_kv_heads,
+            n_kv_heads,
+            head_dim,
+            pos0: n_keys.saturating_sub(1),
+        };
+        let mut case = Attention::new(shape, 1, 0, seed);
+        case.n_keys = n_keys;
+        case.keys.truncate(n_keys * n_kv_heads * head_dim);
+        case.values.truncate(n_keys * n_kv_heads * head_dim);
+        case.params.scale = Rng::new(!seed).range(0.1, 1.5);
+        case
+    }
+
+    /// The same rows cut into segments at `cuts` (slot indices, clamped and deduplicated).
+    pub fn with_cuts(mut self, cuts: &[usize]) -> Self {
+        let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(self.n_keys)).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        self.cuts = cuts;
+        self
+    }
+
+    /// The same case under `mask`.
+    pub fn with_mask(mut self, mask: Mask) -> Self {
+        self.params.mask = mask;
+        self
+    }
+
+    fn n_new(&self) -> usize {
+        self.q.len() / (self.shape.n_heads * self.shape.head_dim)
+    }
+
+    fn q_pos(&self) -> Vec<usize> {
+        (self.shape.pos0..self.shape.pos0 + self.n_new()).collect()
+    }
+
+    /// The rows as a view of segments cut at `cuts`.
+    pub fn view<'a>(&self, keys: &'a Array3<f32>, values: &'a Array3<f32>) -> KvView<'a> {
+        let mut bounds = vec![0];
+        bounds.extend(self.cuts.iter().copied());
+        bounds.push(self.n_keys);
+        let segments = bounds
+            .windows(2)
+            .map(|w| {
+                let slots = Slice::from(w[0]..w[1]);
+                KvSegment::new(
+                    w[0],
+                    KvRows::F32(keys.slice_axis(Axis(0), slots)),
+                    KvRows::F32(values.slice_axis(Axis(0), slots)),
+                )
+                .expect("same shapes")
+            })
+            .collect();
+        KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending")
+    }
+
+    /// The keys and values as arrays `[n_keys, n_kv_heads, head_dim]`.
+    pub fn arrays(&self) -> (Array3<f32>, Array3<f32>) {
+        let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);
+        (
+            Array3::from_shape_vec(dims, self.keys.clone()).expect("n_keys rows"),
+            Array3::from_shape_vec(dims, self.values.clone()).expect("n_keys rows"),
+        )
     }
 }
 
 impl Case for Attention {
     fn label(&self) -> String {
-        format!("attention {:?} q {}", self.shape, self.q.len())
+        format!(
+            "attention {:?} n_new {} n_keys {} cuts {:?} {:?}",
+            self.shape,
+            self.n_new(),
+            self.n_keys,
+            self.cuts,
+            self.params
+        )
     }
     fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
-        let mut out = vec![f32::NAN; self.q.len()];
-        b.attention(&self.q, &self.keys, &self.values, &mut out, &self.shape)
-            .expect("attention shapes");
-        out
+        let s = self.shape;
+        let dims = (self.n_new(), s.n_heads, s.head_dim);
+        let q = Array3::from_shape_vec(dims, self.q.clone()).expect("q rows");
+        let mut out = Array3::from_elem(dims, f32::NAN);
+        let (keys, values) = self.arrays();
+        b.attention(
+            q.view(),
+            &self.q_pos(),
+            &self.view(&keys, &values),
+            &self.params,
+            out.view_mut(),
+        )
+        .expect("attention shapes");
+        out.into_raw_vec_and_offset().0
     }
     fn oracle(&self) -> Vec<Bounded> {
-        oracle::attention(&self.q, &self.keys, &self.values, &self.shape)
+        let s = self.shape;
+        let kv_dim = s.n_kv_heads * s.head_dim;
+        let group = s.n_heads / s.n_kv_heads;
+        let q_pos = self.q_pos();
+        self.q
+            .chunks_exact(s.head_dim)
+            .enumerate()
+            .flat_map(|(pair, qh)| {
+                let (i, h) = (pair / s.n_heads, pair % s.n_heads);
+                let seen: Vec<usize> = (0..self.n_keys)
+                    .filter(|&k| self.params.mask.sees(q_pos[i], k))
+                    .collect();
+                let head = |m: &[f32]| -> Vec<f32> {
+                    seen.iter()
+                        .flat_map(|&t| &m[t * kv_dim..(t + 1) * kv_dim])
+                        .copied()
+                        .collect()
+                };
+                oracle::attend_head(
+                    qh,
+                    &head(&self.keys),
+                    &head(&self.values),
+                    seen.len(),
+                    kv_dim,
+                    h / group,
+                    self.params.scale,
+                )
+            })
+            .collect()
     }
 }
 

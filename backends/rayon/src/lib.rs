@@ -8,11 +8,11 @@
 //! |----|-------------|-------------|
 //! | `gemv`, `gemv_q8` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv`, `inner.gemv_q8` |
 //! | `gemm` | output rows of `W`; each piece fills a `[n, rows_piece]` scratch that is copied into the columns of `Y` | `inner.gemm` |
-//! | `attention` | (new row, query head) pairs | `inner.attend_head` |
+//! | `attention` | chunks of new rows × KV-head groups (single query heads when that gives too few pieces) | `inner.attention` on each piece's views |
 //! | `rope` | tokens | `inner.rope` |
 //! | `rms_norm` | rows | `inner.rms_norm` |
 //! | `swiglu`, `add` | element ranges | `inner.swiglu`, `inner.add` |
-//! | `softmax`, `embed_row`, `attend_head`, `quantize_q8` | not split | the inner op |
+//! | `softmax`, `embed_row`, `quantize_q8` | not split | the inner op |
 //!
 //! It never splits inside a reduction (a dot product, a softmax sum, a sum of squares),
 //! so each output is computed by exactly the code and in exactly the order the inner
@@ -38,9 +38,9 @@
 //! rules keep a spinner from sitting on top of unfinished work that it would then wait
 //! for. `tests/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
 //!
-//! Assumption on `inner`: its `attention` is the trait's default (one `attend_head` per
-//! (row, head) pair), and each of its outputs does not depend on how many other rows or
-//! elements the same call holds beyond 64-aligned tiles. The scalar and SIMD backends meet
+//! Assumption on `inner`: each of its outputs does not depend on how many other rows,
+//! elements or heads the same call holds beyond 64-aligned tiles (for attention: each
+//! (row, query head) output depends only on that row, that head and its KV head's rows). The scalar and SIMD backends meet
 //! both; `tests/rayon_bitwise.rs` checks them at 1, 2 and 3 threads.
 
 #![forbid(unsafe_code)]
@@ -51,7 +51,9 @@ mod split;
 
 pub use error::RayonError;
 
-use kvcore::backend::{AttnShape, Backend, Q8Acts, Rope, ShapeError, Weights, check};
+use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights, check};
+use kvcore::kv::KvView;
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, Slice};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -114,6 +116,11 @@ impl<B: Backend> Rayon<B> {
                 gemv(&w.slice_rows(start..start + yc.len()), yc)
             })
         })
+    }
+
+    /// Pieces a parallel call aims for (several per worker, for balance).
+    fn tasks(&self) -> usize {
+        self.threads * split::TASKS_PER_THREAD
     }
 
     /// Chunk length for `total` units with boundaries at multiples of `align`.
@@ -237,62 +244,35 @@ impl<B: Backend> Backend for Rayon<B> {
         })
     }
 
-    fn attend_head(
-        &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
-        self.inner
-            .attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)
-    }
-
     fn attention(
         &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        out: &mut [f32],
-        shape: &AttnShape,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
-        let n_new = check::attention(q, keys, values, out, shape)?;
-        let hd = shape.head_dim;
-        // Σ over new rows i of n_keys(i) = pos0 + i + 1, times heads and head_dim.
-        let keys_seen = n_new
-            .saturating_mul(shape.pos0)
-            .saturating_add(n_new * (n_new + 1) / 2);
-        let macs = keys_seen.saturating_mul(shape.n_heads).saturating_mul(hd);
+        check::attention(&q, q_pos, kv, &out)?;
+        let (n, n_heads, hd) = q.dim();
+        // Σ over rows of the slots each sees, times heads and head_dim.
+        let keys_seen: usize = (q_pos.iter())
+            .map(|&p| {
+                let seen = kv
+                    .segments()
+                    .iter()
+                    .map(|s| s.visible(p, params.mask).len());
+                seen.sum::<usize>()
+            })
+            .fold(0, usize::saturating_add);
+        let macs = keys_seen.saturating_mul(n_heads).saturating_mul(hd);
         if macs < PAR_MIN_MACS {
-            return self.inner.attention(q, keys, values, out, shape);
+            return self.inner.attention(q, q_pos, kv, params, out);
         }
-        let kv_dim = shape.n_kv_heads * hd;
-        let group = shape.n_heads / shape.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let pieces = attention_pieces(q, q_pos, kv, out, self.chunk(n, 1), self.tasks());
         self.pool.install(|| {
-            out.par_chunks_mut(hd)
-                .zip(q.par_chunks(hd))
-                .enumerate()
-                .try_for_each(|(pair, (o, qh))| {
-                    let (i, h) = (pair / shape.n_heads, pair % shape.n_heads);
-                    let n_keys = shape.pos0 + i + 1;
-                    let kv = ..n_keys * kv_dim;
-                    self.inner.attend_head(
-                        qh,
-                        &keys[kv],
-                        &values[kv],
-                        n_keys,
-                        kv_dim,
-                        h / group,
-                        scale,
-                        o,
-                    )
-                })
+            pieces.into_par_iter().try_for_each(|(q, q_pos, kv, out)| {
+                self.inner.attention(q, q_pos, &kv, params, out)
+            })
         })
     }
 
@@ -385,4 +365,48 @@ impl Drop for SetOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Release);
     }
+}
+
+/// One piece of an attention call: its query rows and heads, their positions, the KV
+/// heads they read, and their part of the output.
+type AttnPiece<'q, 'p, 'v, 'o> = (
+    ArrayView3<'q, f32>,
+    &'p [usize],
+    KvView<'v>,
+    ArrayViewMut3<'o, f32>,
+);
+
+/// Cuts an attention call (shapes checked) into pieces of `rows` query rows and a block
+/// of query heads with the KV heads they read: whole groups when that gives at least
+/// `tasks` pieces, else single query heads (one KV head each). Every piece is an
+/// attention call of its own whose outputs are those of the whole call.
+fn attention_pieces<'q, 'p, 'v, 'o>(
+    q: ArrayView3<'q, f32>,
+    q_pos: &'p [usize],
+    kv: &KvView<'v>,
+    out: ArrayViewMut3<'o, f32>,
+    rows: usize,
+    tasks: usize,
+) -> Vec<AttnPiece<'q, 'p, 'v, 'o>> {
+    let (n, n_heads, _) = q.dim();
+    let group = n_heads / kv.n_kv_heads();
+    let whole_groups = n.div_ceil(rows) * kv.n_kv_heads() >= tasks;
+    let block = if whole_groups { group } else { 1 };
+    let mut pieces = Vec::new();
+    let mut out_rest = out;
+    for r0 in (0..n).step_by(rows) {
+        let r1 = (r0 + rows).min(n);
+        let (mut out_rows, tail) = out_rest.split_at(Axis(0), r1 - r0);
+        out_rest = tail;
+        for h0 in (0..n_heads).step_by(block) {
+            let (out_piece, tail) = out_rows.split_at(Axis(1), block);
+            out_rows = tail;
+            let kv_heads = h0 / group..(h0 + block).div_ceil(group);
+            let q_piece = q
+                .slice_axis_move(Axis(0), Slice::from(r0..r1))
+                .slice_axis_move(Axis(1), Slice::from(h0..h0 + block));
+            pieces.push((q_piece, &q_pos[r0..r1], kv.heads(kv_heads), out_piece));
+        }
+    }
+    pieces
 }

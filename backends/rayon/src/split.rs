@@ -41,7 +41,7 @@ pub(crate) const PAR_MIN_STREAM: usize = 1 << 18;
 pub(crate) const ALIGN: usize = 64;
 
 /// Tasks per worker thread, so that uneven progress (a shared machine, tails) balances.
-const TASKS_PER_THREAD: usize = 8;
+pub(crate) const TASKS_PER_THREAD: usize = 8;
 
 /// Length of each chunk when `total` units are cut for `threads` workers: about
 /// `total / (8·threads)`, rounded up to a multiple of `align` (at least `align`, at least

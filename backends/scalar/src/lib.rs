@@ -8,8 +8,8 @@
 //!   with the `gguf` Python package;
 //! - `matmul`: GEMV/GEMM, one weight row decoded at a time into a `[cols]` scratch, then a
 //!   left-to-right f32 dot product;
-//! - `softmax`: max-subtracted softmax (an all-`−∞` row gives zeros) and one attention
-//!   head;
+//! - `softmax`: max-subtracted softmax (an all-`−∞` row gives zeros) and attention over
+//!   a layer's view;
 //! - `rope`: both RoPE pairings, angles in f64;
 //! - `norm`: RMSNorm with an f64 sum of squares;
 //! - `elementwise`: SwiGLU and the residual add.
@@ -28,7 +28,9 @@ pub mod quant;
 mod rope;
 mod softmax;
 
-use kvcore::backend::{Backend, Rope, ShapeError, Weights, check};
+use kvcore::backend::{AttnParams, Backend, Rope, ShapeError, Weights, check};
+use kvcore::kv::KvView;
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 
 /// The scalar reference backend: single-threaded, no SIMD, no state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,20 +72,16 @@ impl Backend for Scalar {
         Ok(())
     }
 
-    fn attend_head(
+    fn attention(
         &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        scale: f32,
-        out: &mut [f32],
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
-        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
-        softmax::attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out);
-        Ok(())
+        check::attention(&q, q_pos, kv, &out)?;
+        softmax::attention(q, q_pos, kv, params, out)
     }
 
     fn rms_norm(

@@ -10,13 +10,16 @@
 //! row becomes NaN and the error surfaces downstream (`f32::max` ignores NaN, so without
 //! this check a row of NaNs would be mistaken for a fully masked one and silently zeroed).
 //!
-//! Attention of one head (`attend_head`): `s_t = scale·(q·k_t)` for each cached key `t`,
-//! `p = softmax(s)`, then `out = Σ_t p_t·v_t` accumulated over `t` in order, in f32.
-//! Layout: `keys`/`values: [n_keys, kv_dim]`, the head reads columns
-//! `kv_head·head_dim .. (kv_head+1)·head_dim` of each row.
+//! Attention (`attention`): for each new row `i` and query head `h` (reading KV head
+//! `h / group`), the scores `s_t = scale·(q·k_t)` of the slots `t` the row's position
+//! sees, segment by segment in view order; `p = softmax(s)`; then `out = Σ_t p_t·v_t`
+//! accumulated over the same slots in the same order, in f32. Rows and heads are
+//! independent, so any split of them (the rayon backend's) gives the same bits.
 
 use crate::matmul::dot;
-use std::ops::Range;
+use kvcore::backend::{AttnParams, ShapeError};
+use kvcore::kv::{KvRows, KvView};
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
 /// Softmax of `x` in place (see the module docs for the −∞ row). Empty input is a no-op.
 pub(crate) fn softmax(x: &mut [f32]) {
@@ -39,44 +42,66 @@ pub(crate) fn softmax(x: &mut [f32]) {
     }
 }
 
-/// Columns `cols` of the first `n_keys` rows of `m: [_, kv_dim]`.
-fn head_rows<'a>(
-    m: &'a [f32],
-    kv_dim: usize,
-    n_keys: usize,
-    cols: &'a Range<usize>,
-) -> impl Iterator<Item = &'a [f32]> {
-    m.chunks_exact(kv_dim)
-        .take(n_keys)
-        .map(move |row| &row[cols.clone()])
+/// The `[head_dim]` row of slot `t`, KV head `kvh`, of an f32 run (contiguous last axis,
+/// checked by the caller).
+fn head_row<'a>(rows: ArrayView3<'a, f32>, t: usize, kvh: usize) -> &'a [f32] {
+    rows.index_axis_move(Axis(0), t)
+        .index_axis_move(Axis(0), kvh)
+        .to_slice()
+        .expect("the last axis is contiguous (checked)")
 }
 
-/// One query head against `n_keys` cached rows. Shapes are checked by the caller.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_head(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    n_keys: usize,
-    kv_dim: usize,
-    kv_head: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    if hd == 0 {
-        // Nothing to write; the shape check allows `kv_dim = 0` only here.
-        return;
-    }
-    let cols = kv_head * hd..(kv_head + 1) * hd;
-    let mut scores: Vec<f32> = head_rows(keys, kv_dim, n_keys, &cols)
-        .map(|k| scale * dot(q, k))
-        .collect();
-    softmax(&mut scores);
-    out.fill(0.0);
-    for (p, v) in scores.iter().zip(head_rows(values, kv_dim, n_keys, &cols)) {
-        for (o, &vj) in out.iter_mut().zip(v) {
-            *o += p * vj;
+/// One layer's attention; shapes checked by the caller. Only f32 rows: other element
+/// types are [`ShapeError::UnsupportedKv`], checked before any output is written.
+pub(crate) fn attention(
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    mut out: ArrayViewMut3<'_, f32>,
+) -> Result<(), ShapeError> {
+    let mut runs = Vec::with_capacity(kv.segments().len());
+    for seg in kv.segments() {
+        match (seg.keys(), seg.values()) {
+            (KvRows::F32(k), KvRows::F32(v)) => runs.push((seg, k, v)),
+            (k, v) => {
+                let other = if matches!(k, KvRows::F32(_)) { v } else { k };
+                return Err(ShapeError::UnsupportedKv {
+                    what: "scalar attention",
+                    kv_type: other.kv_type(),
+                });
+            }
         }
     }
+    let n_heads = q.dim().1;
+    let group = n_heads / kv.n_kv_heads();
+    let mut scores = Vec::new();
+    for (i, &pos) in q_pos.iter().enumerate() {
+        for h in 0..n_heads {
+            let qh = q.index_axis_move(Axis(0), i).index_axis_move(Axis(0), h);
+            let qh = qh
+                .to_slice()
+                .expect("the last axis is contiguous (checked)");
+            let kvh = h / group;
+            scores.clear();
+            for (seg, keys, _) in &runs {
+                for t in seg.visible(pos, params.mask) {
+                    scores.push(params.scale * dot(qh, head_row(*keys, t, kvh)));
+                }
+            }
+            softmax(&mut scores);
+            let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
+            o.fill(0.0);
+            let mut p = scores.iter();
+            for (seg, _, values) in &runs {
+                for t in seg.visible(pos, params.mask) {
+                    let pt = *p.next().expect("one score per visible slot");
+                    for (oj, &vj) in o.iter_mut().zip(head_row(*values, t, kvh)) {
+                        *oj += pt * vj;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

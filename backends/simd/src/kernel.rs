@@ -34,21 +34,19 @@ pub(crate) trait Kernel: Copy {
     /// bit for bit equal to `kvcore_scalar::quant::dequantize`.
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
 
-    /// Attention scores `s_t ← scale · q·k_t` for `t in 0..scores.len()`, where `k_t` is
-    /// `keys[t·kv_dim + col .. t·kv_dim + col + q.len()]`.
-    fn scores(
+    /// Attention scores `s_t ← scale · q·k_t` for `t in 0..scores.len()`, `k_t` the
+    /// `t`-th row of `keys` (each `q.len()` long).
+    fn scores<'a>(
         self,
         q: &[f32],
-        keys: &[f32],
-        kv_dim: usize,
-        col: usize,
+        keys: impl Iterator<Item = &'a [f32]>,
         scale: f32,
         scores: &mut [f32],
     );
 
-    /// Weighted sum `out ← Σ_t p_t · v_t`, where `v_t` is
-    /// `values[t·kv_dim + col .. t·kv_dim + col + out.len()]` and `t in 0..p.len()`.
-    fn weighted_sum(self, p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]);
+    /// Weighted sum `out ← out + Σ_t p_t · v_t` in `t` order, `v_t` the `t`-th row of
+    /// `values` (each `out.len()` long) and `t in 0..p.len()`.
+    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]);
 
     /// `Σ x_j²` in f32.
     fn sum_squares(self, x: &[f32]) -> f32;

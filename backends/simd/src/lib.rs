@@ -15,7 +15,7 @@
 //! |----|-----------|
 //! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
-//! | `attend_head` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
+//! | `attention` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
 //! | `rope`, `swiglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
@@ -36,7 +36,9 @@ mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kvcore::backend::{Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
+use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
+use kvcore::kv::KvView;
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 use kvcore_scalar::Scalar;
 
 /// The kernel family a [`Simd`] backend runs.
@@ -201,22 +203,19 @@ impl Backend for Simd {
         Scalar.rope(x, head_dim, positions, rope)
     }
 
-    fn attend_head(
+    fn attention(
         &self,
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        n_keys: usize,
-        kv_dim: usize,
-        kv_head: usize,
-        scale: f32,
-        out: &mut [f32],
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
-        check::attend_head(q, keys, values, n_keys, kv_dim, kv_head, out)?;
+        check::attention(&q, q_pos, kv, &out)?;
         dispatch!(
             self,
-            k => ops::attend_head(k, q, keys, values, n_keys, kv_dim, kv_head, scale, out),
-            scalar => Scalar.attend_head(q, keys, values, n_keys, kv_dim, kv_head, scale, out)?
+            k => ops::attention(k, q, q_pos, kv, params, out)?,
+            scalar => Scalar.attention(q, q_pos, kv, params, out)?
         );
         Ok(())
     }

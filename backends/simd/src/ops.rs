@@ -6,7 +6,7 @@
 //!   directly on the stored values for aligned `F32` weights (strides express the
 //!   transpose, no copy), else on panels of [`PANEL_ROWS`] weight rows decoded into an
 //!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens.
-//! - `attend_head`: SIMD scores, the scalar reference softmax (exact `exp`), SIMD
+//! - `attention`: SIMD scores, the scalar reference softmax (exact `exp`), SIMD
 //!   weighted sum of the value rows.
 //! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
 //!   products.
@@ -17,8 +17,11 @@
 
 use crate::kernel::Kernel;
 use crate::sgemm::{Gemm, sgemm};
-use kvcore::backend::{Backend, DType, QK, Weights};
+use kvcore::backend::{AttnParams, Backend, DType, QK, ShapeError, Weights};
+use kvcore::kv::{KvRows, KvView};
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
 use kvcore_scalar::Scalar;
+use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel: `64 × 1536 × 4` bytes = 384 KiB at SmolLM2's
 /// widest reduction, sized to stay in L2 while `sgemm` streams the tokens past it.
@@ -84,29 +87,86 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// One query head against `n_keys` cached rows. Shapes are checked by the caller.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_head<K: Kernel>(
+/// The `[head_dim]` rows of KV head `kvh` at slots `slots` of an f32 run (contiguous
+/// last axis, checked by the caller).
+fn head_rows<'a>(
+    rows: ArrayView3<'a, f32>,
+    slots: Range<usize>,
+    kvh: usize,
+) -> impl Iterator<Item = &'a [f32]> {
+    let head = rows.slice_move(s![slots, kvh, ..]); // [slots, head_dim]
+    (0..head.nrows()).map(move |t| {
+        head.index_axis_move(Axis(0), t)
+            .to_slice()
+            .expect("the last axis is contiguous (checked)")
+    })
+}
+
+/// One layer's attention; shapes checked by the caller. Per (row, head): SIMD scores of
+/// the visible slots, segment by segment, the scalar reference softmax over all of them
+/// (exact `exp`), then the SIMD weighted sum in the same order into `out`.
+pub(crate) fn attention<K: Kernel>(
     k: K,
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    n_keys: usize,
-    kv_dim: usize,
-    kv_head: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    out.fill(0.0);
-    if hd == 0 || n_keys == 0 {
-        return;
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    mut out: ArrayViewMut3<'_, f32>,
+) -> Result<(), ShapeError> {
+    let mut runs = Vec::with_capacity(kv.segments().len());
+    for seg in kv.segments() {
+        match (seg.keys(), seg.values()) {
+            (KvRows::F32(keys), KvRows::F32(values)) => runs.push((seg, keys, values)),
+            (keys, values) => {
+                let other = if matches!(keys, KvRows::F32(_)) {
+                    values
+                } else {
+                    keys
+                };
+                return Err(ShapeError::UnsupportedKv {
+                    what: "simd attention",
+                    kv_type: other.kv_type(),
+                });
+            }
+        }
     }
-    let col = kv_head * hd;
-    let mut scores = vec![0.0f32; n_keys];
-    k.scores(q, keys, kv_dim, col, scale, &mut scores);
-    Scalar.softmax(&mut scores);
-    k.weighted_sum(&scores, values, kv_dim, col, out);
+    let n_heads = q.dim().1;
+    let group = n_heads / kv.n_kv_heads();
+    let mut scores = Vec::new();
+    for (i, &pos) in q_pos.iter().enumerate() {
+        let visible: Vec<Range<usize>> = (runs.iter())
+            .map(|(seg, _, _)| seg.visible(pos, params.mask))
+            .collect();
+        let total = visible.iter().map(Range::len).sum();
+        for h in 0..n_heads {
+            let kvh = h / group;
+            let qh = q.slice(s![i, h, ..]);
+            let qh = qh
+                .as_slice()
+                .expect("the last axis is contiguous (checked)");
+            scores.clear();
+            scores.resize(total, 0.0f32);
+            let mut at = 0;
+            for ((_, keys, _), vis) in runs.iter().zip(&visible) {
+                let dst = &mut scores[at..at + vis.len()];
+                k.scores(qh, head_rows(*keys, vis.clone(), kvh), params.scale, dst);
+                at += vis.len();
+            }
+            Scalar.softmax(&mut scores);
+            let mut oh = out.slice_mut(s![i, h, ..]);
+            let oh = oh
+                .as_slice_mut()
+                .expect("the last axis is contiguous (checked)");
+            oh.fill(0.0);
+            let mut at = 0;
+            for ((_, _, values), vis) in runs.iter().zip(&visible) {
+                let p = &scores[at..at + vis.len()];
+                k.weighted_sum(p, head_rows(*values, vis.clone(), kvh), oh);
+                at += vis.len();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// RMSNorm of each `[d]` row. Shapes are checked by the caller.

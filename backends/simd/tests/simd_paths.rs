@@ -41,7 +41,9 @@
 //!   is within `(K + 3)·u·Σ_b mag_b` (`mag_b = |d_w·d_a|·Σ_j|w_j q_j| + |m·d_a·s|`, from
 //!   `q8::row_terms`), plus `tiny` per term.
 
-use kvcore::backend::{Backend, DType, Q8Acts, QK, ShapeError, Weights, q8};
+use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, QK, ShapeError, Weights, q8};
+use kvcore::kv::KvView;
+use kvcore::ndarray::Array3;
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
 use kvcore_simd::{Simd, SimdPath};
@@ -301,7 +303,8 @@ fn check_gemm(s: &Simd, m: &Matrix, n: usize, v: &mut Values) -> Result<(), Test
     Ok(())
 }
 
-/// One attention head: `hd` elements, `n_keys` rows of `n_kv` heads, reading `kv_head`.
+/// One attention head: `hd` elements, `n_keys` rows of `n_kv` heads, reading `kv_head`
+/// through a head-sliced (strided) view of the rows.
 fn check_attend_head(
     s: &Simd,
     hd: usize,
@@ -315,14 +318,33 @@ fn check_attend_head(
     let keys = v.vec(n_keys * kv_dim);
     let values = v.vec(n_keys * kv_dim);
     let scale = 1.0 / (hd.max(1) as f32).sqrt();
-    let (mut got, mut want) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
-    let what = format!("attend_head hd {hd} n_keys {n_keys} kv_dim {kv_dim} head {kv_head}");
-    let run = |b: &dyn Backend, out: &mut [f32]| {
-        b.attend_head(&q, &keys, &values, n_keys, kv_dim, kv_head, scale, out)
+    let rows = |m: &[f32]| Array3::from_shape_vec((n_keys, n_kv, hd), m.to_vec()).unwrap();
+    let (k3, v3) = (rows(&keys), rows(&values));
+    let view = KvView::from_f32(k3.view(), v3.view())
+        .unwrap()
+        .heads(kv_head..kv_head + 1);
+    let q3 = Array3::from_shape_vec((1, 1, hd), q.clone()).unwrap();
+    let params = AttnParams {
+        scale,
+        mask: Mask::Causal,
     };
-    if !same_result(&what, run(s, &mut got), run(&REF, &mut want))? {
+    // The query sits at the last cached position, so it sees every row.
+    let pos = [n_keys.saturating_sub(1)];
+    let (mut got3, mut want3) = (
+        Array3::from_elem((1, 1, hd), f32::NAN),
+        Array3::from_elem((1, 1, hd), f32::NAN),
+    );
+    let what = format!("attention hd {hd} n_keys {n_keys} kv_dim {kv_dim} head {kv_head}");
+    let run = |b: &dyn Backend, out: &mut Array3<f32>| {
+        b.attention(q3.view(), &pos, &view, &params, out.view_mut())
+    };
+    if !same_result(&what, run(s, &mut got3), run(&REF, &mut want3))? {
         return Ok(());
     }
+    let (got, want) = (
+        got3.into_raw_vec_and_offset().0,
+        want3.into_raw_vec_and_offset().0,
+    );
     // Exact scores, their error bounds, and the softmax weights, in f64.
     let col = kv_head * hd;
     let row = |m: &[f32], t: usize| m[t * kv_dim + col..t * kv_dim + col + hd].to_vec();
@@ -426,12 +448,17 @@ fn check_shape_errors(s: &Simd) -> Result<(), TestCaseError> {
         s.gemm(&w, &[1.0; 4], &mut y),
         REF.gemm(&w, &[1.0; 4], &mut y2),
     )?;
-    let mut out = [0.0f32; 4];
-    let mut out2 = [0.0f32; 4];
+    let (kv_rows, q3) = (
+        Array3::from_elem((2, 2, 4), 1.0f32),
+        Array3::from_elem((1, 3, 4), 1.0f32),
+    );
+    let kv = KvView::from_f32(kv_rows.view(), kv_rows.view()).unwrap();
+    let params = AttnParams::causal(4);
+    let (mut out, mut out2) = (Array3::zeros((1, 3, 4)), Array3::zeros((1, 3, 4)));
     same_result(
-        "attend_head head out of range",
-        s.attend_head(&[1.0; 4], &[1.0; 8], &[1.0; 8], 2, 4, 1, 1.0, &mut out),
-        REF.attend_head(&[1.0; 4], &[1.0; 8], &[1.0; 8], 2, 4, 1, 1.0, &mut out2),
+        "attention heads not a multiple of the kv heads",
+        s.attention(q3.view(), &[1], &kv, &params, out.view_mut()),
+        REF.attention(q3.view(), &[1], &kv, &params, out2.view_mut()),
     )?;
     same_result(
         "rms_norm ragged x",
@@ -555,7 +582,7 @@ fn check_path(report: &mut Report, s: &Simd) {
         any::<u64>(),
     );
     report.prop(
-        &format!("{p}: attend_head"),
+        &format!("{p}: attention of one head"),
         heads,
         |(hd, n_keys, n_kv, seed)| {
             let mut v = Values(seed);
@@ -564,7 +591,7 @@ fn check_path(report: &mut Report, s: &Simd) {
         },
     );
     report.fixed(
-        &format!("{p}: attend_head, SmolLM2 head (64) at 576 keys"),
+        &format!("{p}: attention of one head, SmolLM2 head (64) at 576 keys"),
         || check_attend_head(s, 64, 576, 3, 2, &mut Values(9)),
     );
     let norms = (

@@ -81,36 +81,34 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `scores[t] ← scale · q·keys[t·kv_dim + col ..][..q.len()]`.
+/// `scores[t] ← scale · q·k_t` for the rows `k_t` of `keys`, in order.
 ///
 /// # Panics
-/// If a key row runs past `keys`.
+/// If a row's length is not `q.len()`, or `keys` yields fewer rows than `scores` holds.
 #[target_feature(enable = "neon")]
-pub(super) fn scores(
+pub(super) fn scores<'a>(
     q: &[f32],
-    keys: &[f32],
-    kv_dim: usize,
-    col: usize,
+    mut keys: impl Iterator<Item = &'a [f32]>,
     scale: f32,
     scores: &mut [f32],
 ) {
-    let hd = q.len();
-    for (t, s) in scores.iter_mut().enumerate() {
-        let at = t * kv_dim + col;
-        *s = scale * dot(q, &keys[at..at + hd]);
+    for s in scores.iter_mut() {
+        *s = scale * dot(q, keys.next().expect("one key row per score"));
     }
 }
 
-/// `out ← out + Σ_t p_t · values[t·kv_dim + col ..][..out.len()]`, in `t` order.
+/// `out ← out + Σ_t p_t · v_t` for the rows `v_t` of `values`, in `t` order.
 ///
 /// # Panics
-/// If a value row runs past `values`.
+/// If a row's length is not `out.len()`, or `values` yields fewer rows than `p` holds.
 #[target_feature(enable = "neon")]
-pub(super) fn weighted_sum(p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]) {
-    let hd = out.len();
-    for (t, &pt) in p.iter().enumerate() {
-        let at = t * kv_dim + col;
-        axpy(pt, &values[at..at + hd], out);
+pub(super) fn weighted_sum<'a>(
+    p: &[f32],
+    mut values: impl Iterator<Item = &'a [f32]>,
+    out: &mut [f32],
+) {
+    for &pt in p {
+        axpy(pt, values.next().expect("one value row per weight"), out);
     }
 }
 

@@ -55,22 +55,20 @@ impl Kernel for Neon {
         unsafe { quant::dequantize(dtype, bytes, out) }
     }
 
-    fn scores(
+    fn scores<'a>(
         self,
         q: &[f32],
-        keys: &[f32],
-        kv_dim: usize,
-        col: usize,
+        keys: impl Iterator<Item = &'a [f32]>,
         scale: f32,
         scores: &mut [f32],
     ) {
         // SAFETY: NEON detected (see above).
-        unsafe { dot::scores(q, keys, kv_dim, col, scale, scores) }
+        unsafe { dot::scores(q, keys, scale, scores) }
     }
 
-    fn weighted_sum(self, p: &[f32], values: &[f32], kv_dim: usize, col: usize, out: &mut [f32]) {
+    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
         // SAFETY: NEON detected (see above).
-        unsafe { dot::weighted_sum(p, values, kv_dim, col, out) }
+        unsafe { dot::weighted_sum(p, values, out) }
     }
 
     fn sum_squares(self, x: &[f32]) -> f32 {

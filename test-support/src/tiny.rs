@@ -3,12 +3,12 @@
 //! [`TinyLlama`] writes a complete llama-architecture GGUF (metadata and every tensor) with
 //! seeded random weights in any [`DType`]. Block formats get random quants under a small
 //! scale, so the network's activations stay in a sane range at every depth. The files load
-//! through the same [`GgufFile`](crate::gguf::GgufFile) and
-//! [`Llama::load`](super::Llama::load) path as a real model.
+//! through the same [`GgufFile`](kvcore::gguf::GgufFile) and
+//! [`Llama::load`](kvcore::model::Llama::load) path as a real model.
 
-use crate::backend::DType;
-use crate::gguf::{GgufWriter, Value};
 use half::{bf16, f16};
+use kvcore::backend::DType;
+use kvcore::gguf::{GgufWriter, Value};
 
 /// The shape and weight format of a tiny random model.
 #[derive(Clone, Debug, PartialEq)]

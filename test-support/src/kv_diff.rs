@@ -1,0 +1,1018 @@
+//! Differential testing of the KV stores: one op sequence applied to a [`SpecKv`] (the
+//! specification: plain vectors, obviously right), a [`DenseKv`] (the reference) and a
+//! [`GrowKv`], which must agree bit for bit after every step.
+//!
+//! A [`Scenario`] is a geometry plus a list of [`KvOp`]s over up to [`MAX_SEQS`]
+//! sequences (forks add sequences). [`run`] replays it and returns the first
+//! [`Divergence`]. An append is driven step by step on all three stores — `begin`, each
+//! layer's `write`, then `commit` or `rollback` as its [`End`] says — and after the
+//! begin and after every write it checks:
+//! - the three returned the same `Result` (same [`KvError`]), except that a store may
+//!   fail with [`KvError::AllocFailed`] where the others succeed (each allocates at its
+//!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense
+//!   and growing stores fail): then the others' append is rolled back;
+//! - every layer's view holds the same positions (`0 .. len`, or `0 .. at + n` for a
+//!   layer written by the open append) and the same `f32::to_bits` in all three (NaN
+//!   payloads and `-0.0` included);
+//! - a failed or rolled-back op left each store exactly as it was (positions, bits,
+//!   capacity, bytes);
+//! - `len` is equal; `DenseKv`'s capacity is `max_ctx` and its bytes
+//!   `2 · n_layers · max_ctx · kv_dim · 4`; `GrowKv`'s capacity stays in `len..=max_ctx`
+//!   and never shrinks, its bytes are exactly `2 · n_layers · capacity · kv_dim · 4`
+//!   outside an append and at most the dense store's.
+//!
+//! Scenarios implement [`arbitrary::Arbitrary`] with bounded sizes so one run takes
+//! microseconds to milliseconds (`1..=4` layers, `1..=3` KV heads of `0..=6`, `max_ctx`
+//! `0..=600`, at most 64 ops); every byte string decodes ([`Scenario::from_bytes`]), the
+//! fuzz target's input format.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arbitrary::{Arbitrary, Unstructured};
+use kvcore::kv::{
+    AllocGate, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+};
+use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
+
+/// Most layers of an arbitrary [`Scenario`] (the fewest is 1).
+pub const MAX_LAYERS: usize = 4;
+/// Most KV heads of an arbitrary [`Scenario`] (the fewest is 1).
+pub const MAX_KV_HEADS: usize = 3;
+/// Largest `head_dim` of an arbitrary [`Scenario`] (the smallest is 0).
+pub const MAX_HEAD_DIM: usize = 6;
+/// Largest `max_ctx` of an arbitrary [`Scenario`] (the smallest is 0).
+pub const MAX_CTX: usize = 600;
+/// Largest explicit initial capacity (above [`MAX_CTX`], so clamping is exercised).
+pub const MAX_INITIAL: usize = 700;
+/// Most ops in an arbitrary [`Scenario`].
+pub const MAX_OPS: usize = 64;
+/// Most value words of an arbitrary append.
+pub const MAX_BITS: usize = 32;
+/// Most sequences alive at once.
+pub const MAX_SEQS: usize = 4;
+/// Small positions are `0..POS_RANGE`, past [`MAX_CTX`] so overflows occur.
+pub const POS_RANGE: usize = 700;
+
+/// How an append ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum End {
+    /// Every layer written, then committed.
+    Commit,
+    /// Every layer written, then rolled back.
+    Rollback,
+    /// Layers `0 .. k % (n_layers + 1)` written, then rolled back: a pass that failed
+    /// part-way.
+    FailAfter(u8),
+    /// Every layer but `k % n_layers` written; the commit must fail with
+    /// [`KvError::Incomplete`] (when the append has positions), then a rollback.
+    SkipLayer(u8),
+    /// Layer `k % n_layers` first gets rows one element too wide, which must fail with
+    /// [`KvError::RowShape`] and change nothing; then every layer is written and
+    /// committed.
+    BadRow(u8),
+}
+
+/// Where an append starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum Start {
+    /// At `len`: a plain append.
+    End,
+    /// At `len − back` (saturating): replaces the last `back` positions, as a session
+    /// does when a new turn diverges from the cached one.
+    Back(u16),
+    /// At an absolute position, possibly past `len` or near `usize::MAX`.
+    At(#[arbitrary(with = arb_pos)] usize),
+}
+
+/// One operation on the sequences.
+#[derive(Debug, Clone, PartialEq, Eq, Arbitrary)]
+pub enum KvOp {
+    /// An append of `n` positions on sequence `seq % seqs` (see [`End`]). Row `t` of
+    /// layer `l` gets K element `i` = `bits[(t·kv_dim + i + 3l) % bits.len()]` and V
+    /// element `i` = `bits[(t·kv_dim + i + 3l + 1) % bits.len()]` (`f32::from_bits`,
+    /// verbatim; no bits writes `+0.0`).
+    Append {
+        /// The sequence.
+        seq: u8,
+        /// Where it starts.
+        start: Start,
+        /// Positions appended.
+        #[arbitrary(with = arb_count)]
+        n: usize,
+        /// The value words.
+        #[arbitrary(with = arb_bits)]
+        bits: Vec<u32>,
+        /// How it ends.
+        end: End,
+    },
+    /// `truncate(n)`.
+    Truncate {
+        /// The sequence.
+        seq: u8,
+        /// Positions kept.
+        #[arbitrary(with = arb_pos)]
+        n: usize,
+    },
+    /// `clear()`.
+    Clear {
+        /// The sequence.
+        seq: u8,
+    },
+    /// `fork()`: a new sequence starting from this one (when fewer than [`MAX_SEQS`]).
+    Fork {
+        /// The sequence forked.
+        seq: u8,
+    },
+    /// Drops a sequence (when more than one).
+    Free {
+        /// The sequence dropped.
+        seq: u8,
+    },
+    /// The next allocation of the dense and growing stores during the next op fails.
+    RefuseNextAlloc,
+}
+
+/// A geometry and the ops to replay on it.
+#[derive(Debug, Clone, PartialEq, Eq, Arbitrary)]
+pub struct Scenario {
+    /// Layers.
+    #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(1..=MAX_LAYERS))]
+    pub n_layers: usize,
+    /// KV heads.
+    #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(1..=MAX_KV_HEADS))]
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=MAX_HEAD_DIM))]
+    pub head_dim: usize,
+    /// Context ceiling.
+    #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=MAX_CTX))]
+    pub max_ctx: usize,
+    /// `None`: `GrowKv::new`; `Some(i)`: `GrowKv::with_initial_capacity(.., i)`.
+    #[arbitrary(with = arb_initial)]
+    pub initial: Option<usize>,
+    /// The ops, applied in order.
+    #[arbitrary(with = arb_ops)]
+    pub ops: Vec<KvOp>,
+}
+
+impl Scenario {
+    /// Decodes a scenario from raw bytes (the fuzz input and corpus file format). Every
+    /// byte string decodes; short input reads as zeros.
+    pub fn from_bytes(data: &[u8]) -> arbitrary::Result<Scenario> {
+        Scenario::arbitrary_take_rest(Unstructured::new(data))
+    }
+
+    /// The stores' geometry.
+    pub fn geometry(&self) -> KvGeometry {
+        KvGeometry {
+            n_layers: self.n_layers,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
+fn arb_bits(u: &mut Unstructured) -> arbitrary::Result<Vec<u32>> {
+    let n = u.int_in_range(0..=MAX_BITS)?;
+    (0..n).map(|_| u32::arbitrary(u)).collect()
+}
+
+fn arb_pos(u: &mut Unstructured) -> arbitrary::Result<usize> {
+    let v = u.int_in_range(0..=u16::MAX)?;
+    Ok(if v >= 0xff00 {
+        usize::MAX - usize::from(v & 0xff)
+    } else {
+        usize::from(v) % POS_RANGE
+    })
+}
+
+/// Mostly a few positions (decode steps, short prompts), sometimes a long prefill,
+/// rarely an absurd count.
+fn arb_count(u: &mut Unstructured) -> arbitrary::Result<usize> {
+    Ok(match u.int_in_range(0..=15u8)? {
+        0..=11 => u.int_in_range(0..=8)?,
+        12..=14 => u.int_in_range(0..=160)?,
+        _ => arb_pos(u)?,
+    })
+}
+
+fn arb_initial(u: &mut Unstructured) -> arbitrary::Result<Option<usize>> {
+    Ok(if bool::arbitrary(u)? {
+        Some(u.int_in_range(0..=MAX_INITIAL)?)
+    } else {
+        None
+    })
+}
+
+fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<KvOp>> {
+    let mut ops = Vec::new();
+    while ops.len() < MAX_OPS && bool::arbitrary(u)? {
+        ops.push(KvOp::arbitrary(u)?);
+    }
+    Ok(ops)
+}
+
+// ---------------------------------------------------------------------------------------
+// The specification store
+// ---------------------------------------------------------------------------------------
+
+/// The KV store contract in its plainest form: per layer one `Vec<f32>` of the committed
+/// rows, and an open append held as each written layer's whole new contents. Its
+/// capacity is its length; it never fails to allocate (an abort instead).
+#[derive(Debug)]
+pub struct SpecKv {
+    geometry: KvGeometry,
+    kv_dim: usize,
+    max_ctx: usize,
+    len: usize,
+    /// `[n_layers]` of `[len, kv_dim]`.
+    k: Vec<Vec<f32>>,
+    /// `[n_layers]` of `[len, kv_dim]`.
+    v: Vec<Vec<f32>>,
+    pending: Option<SpecAppend>,
+}
+
+#[derive(Debug)]
+struct SpecAppend {
+    at: usize,
+    n: usize,
+    /// `[n_layers]`: once written, the layer's K and V rows `0 .. at + n`.
+    layers: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl SpecKv {
+    /// An empty store. The geometry's rows must not overflow (the real stores'
+    /// constructors reject those).
+    pub fn new(geometry: KvGeometry, max_ctx: usize) -> Self {
+        SpecKv {
+            geometry,
+            kv_dim: geometry.kv_dim(),
+            max_ctx,
+            len: 0,
+            k: vec![Vec::new(); geometry.n_layers],
+            v: vec![Vec::new(); geometry.n_layers],
+            pending: None,
+        }
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<(), KvError> {
+        if layer < self.geometry.n_layers {
+            Ok(())
+        } else {
+            Err(KvError::NoSuchLayer {
+                layer,
+                n_layers: self.geometry.n_layers,
+            })
+        }
+    }
+}
+
+impl KvStore for SpecKv {
+    fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+    fn kv_types(&self) -> (KvType, KvType) {
+        (KvType::F32, KvType::F32)
+    }
+    fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.len
+    }
+    /// The bytes of the rows held (not of the vectors' spare capacity).
+    fn bytes(&self) -> usize {
+        2 * self.geometry.n_layers * self.len * self.kv_dim * 4
+    }
+    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
+        self.check_layer(layer)?;
+        let (k, v) = match self.pending.as_ref().and_then(|p| p.layers[layer].as_ref()) {
+            Some((k, v)) => (k, v),
+            None => (&self.k[layer], &self.v[layer]),
+        };
+        let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
+        let rows = match &self.pending {
+            Some(p) if p.layers[layer].is_some() => p.at + p.n,
+            _ => self.len,
+        };
+        let (k, v) = (
+            ArrayView3::from_shape((rows, h, d), k.as_slice()),
+            ArrayView3::from_shape((rows, h, d), v.as_slice()),
+        );
+        let (Ok(k), Ok(v)) = (k, v) else {
+            unreachable!("rows · kv_dim floats")
+        };
+        KvView::new(
+            h,
+            d,
+            vec![KvSegment::new(0, KvRows::F32(k), KvRows::F32(v))?],
+        )
+    }
+    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
+        if self.pending.is_some() {
+            return Err(KvError::AppendOpen);
+        }
+        if at > self.len {
+            return Err(KvError::StartPastEnd { at, len: self.len });
+        }
+        if at.checked_add(n).is_none_or(|end| end > self.max_ctx) {
+            return Err(KvError::ContextOverflow {
+                pos: at.saturating_add(n - 1),
+                max_ctx: self.max_ctx,
+            });
+        }
+        self.pending = Some(SpecAppend {
+            at,
+            n,
+            layers: vec![None; self.geometry.n_layers],
+        });
+        Ok(())
+    }
+    fn write(
+        &mut self,
+        layer: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError> {
+        let (at, n) = match &self.pending {
+            Some(p) => (p.at, p.n),
+            None => return Err(KvError::NoAppend),
+        };
+        self.check_layer(layer)?;
+        for (what, dim) in [("append keys", k.dim()), ("append values", v.dim())] {
+            if dim != (n, self.kv_dim) {
+                return Err(KvError::RowShape {
+                    what,
+                    expected: (n, self.kv_dim),
+                    found: dim,
+                });
+            }
+        }
+        let keep = at * self.kv_dim;
+        let full = |old: &[f32], new: ArrayView2<'_, f32>| -> Vec<f32> {
+            old[..keep]
+                .iter()
+                .copied()
+                .chain(new.iter().copied())
+                .collect()
+        };
+        let layer_rows = (full(&self.k[layer], k), full(&self.v[layer], v));
+        if let Some(p) = &mut self.pending {
+            p.layers[layer] = Some(layer_rows);
+        }
+        Ok(())
+    }
+    fn commit(&mut self) -> Result<(), KvError> {
+        let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
+        if p.n > 0 {
+            if let Some(layer) = p.layers.iter().position(Option::is_none) {
+                return Err(KvError::Incomplete { layer });
+            }
+        }
+        let p = self.pending.take().expect("checked");
+        let keep = p.at * self.kv_dim;
+        for (layer, rows) in p.layers.into_iter().enumerate() {
+            match rows {
+                Some((k, v)) => (self.k[layer], self.v[layer]) = (k, v),
+                None => {
+                    self.k[layer].truncate(keep);
+                    self.v[layer].truncate(keep);
+                }
+            }
+        }
+        self.len = p.at + p.n;
+        Ok(())
+    }
+    fn rollback(&mut self) {
+        self.pending = None;
+    }
+    fn truncate(&mut self, n: usize) {
+        self.rollback();
+        self.len = self.len.min(n);
+        for rows in self.k.iter_mut().chain(&mut self.v) {
+            rows.truncate(self.len * self.kv_dim);
+        }
+    }
+    fn fork(&self) -> Result<Self, KvError> {
+        if self.pending.is_some() {
+            return Err(KvError::AppendOpen);
+        }
+        Ok(SpecKv {
+            k: self.k.clone(),
+            v: self.v.clone(),
+            pending: None,
+            ..*self
+        })
+    }
+    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
+        Ok(Box::new(self.fork()?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The runner
+// ---------------------------------------------------------------------------------------
+
+/// The first disagreement of a [`run`]: after which op (none: at construction), on
+/// which sequence, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Divergence {
+    /// Index and value of the op, or `None` at construction.
+    pub op: Option<(usize, KvOp)>,
+    /// What differed.
+    pub detail: String,
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.op {
+            None => write!(f, "at construction: {}", self.detail),
+            Some((i, op)) => write!(f, "after op {i} ({op:?}): {}", self.detail),
+        }
+    }
+}
+
+impl std::error::Error for Divergence {}
+
+/// A gate that refuses one allocation once armed.
+#[derive(Debug, Default)]
+struct RefuseNext(AtomicBool);
+
+impl AllocGate for RefuseNext {
+    fn admit(&self, _bytes: usize) -> bool {
+        !self.0.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// One sequence on the three stores.
+struct Seq<G> {
+    spec: SpecKv,
+    dense: DenseKv,
+    grow: G,
+}
+
+/// What a store looks like from outside: per layer, positions and bits of K and V, and
+/// its sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Snapshot {
+    len: usize,
+    capacity: usize,
+    bytes: usize,
+    layers: Vec<LayerBits>,
+}
+
+type LayerBits = (Vec<usize>, Vec<u32>, Vec<u32>);
+
+fn layer_bits(kv: &dyn KvStore, layer: usize) -> Result<LayerBits, String> {
+    let view = kv
+        .view(layer)
+        .map_err(|e| format!("view({layer}) failed: {e}"))?;
+    let positions: Vec<usize> = view.positions().collect();
+    let bits = |r: KvRows<'_>| match r {
+        KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
+        other => panic!(
+            "the f32 stores hand out f32 rows, got {:?}",
+            other.kv_type()
+        ),
+    };
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    for s in view.segments() {
+        k.extend(bits(s.keys()));
+        v.extend(bits(s.values()));
+    }
+    Ok((positions, k, v))
+}
+
+fn snapshot(kv: &dyn KvStore) -> Result<Snapshot, String> {
+    Ok(Snapshot {
+        len: kv.len(),
+        capacity: kv.capacity(),
+        bytes: kv.bytes(),
+        layers: (0..kv.geometry().n_layers)
+            .map(|l| layer_bits(kv, l))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+impl<G: KvStore> Seq<G> {
+    fn stores(&mut self) -> [&mut dyn KvStore; 3] {
+        [&mut self.spec, &mut self.dense, &mut self.grow]
+    }
+
+    fn snapshots(&self) -> Result<[Snapshot; 3], String> {
+        Ok([
+            snapshot(&self.spec)?,
+            snapshot(&self.dense)?,
+            snapshot(&self.grow)?,
+        ])
+    }
+
+    /// Every layer's positions and bits agree across the three stores.
+    fn same_views(&self) -> Result<(), String> {
+        for layer in 0..self.spec.geometry().n_layers {
+            let want = layer_bits(&self.spec, layer)?;
+            for (name, kv) in [
+                ("DenseKv", &self.dense as &dyn KvStore),
+                ("GrowKv", &self.grow),
+            ] {
+                let got = layer_bits(kv, layer)?;
+                if got != want {
+                    return Err(format!(
+                        "layer {layer}: {name} holds positions {:?} with K {:08x?} V {:08x?}, the spec {:?} with K {:08x?} V {:08x?}",
+                        got.0, got.1, got.2, want.0, want.1, want.2
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The three results must agree; an `AllocFailed` of the dense or growing store is
+/// reported as `Ok(true)` (the op is to be abandoned), agreement as `Ok(false)`.
+fn agree(what: &str, results: &[Result<(), KvError>; 3]) -> Result<bool, String> {
+    let alloc = |r: &Result<(), KvError>| matches!(r, Err(KvError::AllocFailed { .. }));
+    if results[1..].iter().any(alloc) {
+        return match &results[0] {
+            Ok(()) if results[1..].iter().all(|r| r.is_ok() || alloc(r)) => Ok(true),
+            _ => Err(format!(
+                "{what}: results {results:?} (an allocation failed)"
+            )),
+        };
+    }
+    if results[0] != results[1] || results[0] != results[2] {
+        return Err(format!(
+            "{what}: spec {:?}, DenseKv {:?}, GrowKv {:?}",
+            results[0], results[1], results[2]
+        ));
+    }
+    Ok(false)
+}
+
+/// The rows an append writes on `layer`: `[n, kv_dim + extra]`.
+fn rows(n: usize, kv_dim: usize, extra: usize, layer: usize, bits: &[u32], v: bool) -> Array2<f32> {
+    let width = kv_dim + extra;
+    Array2::from_shape_fn((n, width), |(t, i)| match bits.len() {
+        0 => 0.0,
+        len => f32::from_bits(bits[(t * width + i + 3 * layer + usize::from(v)) % len]),
+    })
+}
+
+/// Replays `scenario` and checks the stores after construction and after every step
+/// (see the [module docs](self)).
+///
+/// A geometry that neither real store can be built for (the same error from both
+/// constructors) passes trivially; any other constructor disagreement is a divergence.
+///
+/// # Errors
+/// The first [`Divergence`].
+pub fn run(scenario: &Scenario) -> Result<(), Divergence> {
+    run_against(scenario, |g, max_ctx, initial, gate| {
+        let mut kv = match initial {
+            None => GrowKv::new(g, max_ctx),
+            Some(initial) => GrowKv::with_initial_capacity(g, max_ctx, initial),
+        }?;
+        kv.set_alloc_gate(Some(gate));
+        Ok(kv)
+    })
+}
+
+/// [`run`] with the store under test built by `build(geometry, max_ctx, initial, gate)`
+/// in the growing store's place (`gate` is the one [`KvOp::RefuseNextAlloc`] arms), so
+/// the checker itself can be tested on faulty stores.
+fn run_against<G: KvStore>(
+    scenario: &Scenario,
+    build: impl FnOnce(KvGeometry, usize, Option<usize>, Arc<dyn AllocGate>) -> Result<G, KvError>,
+) -> Result<(), Divergence> {
+    let g = scenario.geometry();
+    let max_ctx = scenario.max_ctx;
+    let at_start = |detail: String| Divergence { op: None, detail };
+    let dense_gate = Arc::new(RefuseNext::default());
+    let grow_gate = Arc::new(RefuseNext::default());
+    let built = build(g, max_ctx, scenario.initial, grow_gate.clone());
+    let (mut dense, grow) = match (DenseKv::new(g, max_ctx), built) {
+        (Ok(d), Ok(gr)) => (d, gr),
+        (Err(a), Err(b)) if a == b => return Ok(()),
+        (a, b) => {
+            return Err(at_start(format!(
+                "constructors disagree: DenseKv {:?}, store {:?}",
+                a.map(drop),
+                b.map(drop)
+            )));
+        }
+    };
+    dense.set_alloc_gate(Some(dense_gate.clone()));
+    let mut seqs = vec![Seq {
+        spec: SpecKv::new(g, max_ctx),
+        dense,
+        grow,
+    }];
+    let mut grow_caps = vec![seqs[0].grow.capacity()];
+    check(&seqs[0], grow_caps[0]).map_err(at_start)?;
+    for (index, op) in scenario.ops.iter().enumerate() {
+        let diverged = |detail: String| Divergence {
+            op: Some((index, op.clone())),
+            detail,
+        };
+        step(&mut seqs, &mut grow_caps, op, [&dense_gate, &grow_gate]).map_err(diverged)?;
+        // A refusal armed for this op that it did not use expires with it.
+        if !matches!(op, KvOp::RefuseNextAlloc) {
+            dense_gate.0.store(false, Ordering::Relaxed);
+            grow_gate.0.store(false, Ordering::Relaxed);
+        }
+        for (seq, &cap) in seqs.iter().zip(&grow_caps) {
+            check(seq, cap).map_err(diverged)?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies one op; updates each sequence's last GrowKv capacity.
+fn step<G: KvStore>(
+    seqs: &mut Vec<Seq<G>>,
+    grow_caps: &mut Vec<usize>,
+    op: &KvOp,
+    gates: [&RefuseNext; 2],
+) -> Result<(), String> {
+    let pick = |seq: u8, n: usize| usize::from(seq) % n;
+    match op {
+        KvOp::RefuseNextAlloc => {
+            for g in gates {
+                g.0.store(true, Ordering::Relaxed);
+            }
+        }
+        KvOp::Append {
+            seq,
+            start,
+            n,
+            bits,
+            end,
+        } => {
+            let i = pick(*seq, seqs.len());
+            append(&mut seqs[i], *start, *n, bits, *end)?;
+        }
+        KvOp::Truncate { seq, n } => {
+            let i = pick(*seq, seqs.len());
+            seqs[i].stores().into_iter().for_each(|kv| kv.truncate(*n));
+        }
+        KvOp::Clear { seq } => {
+            let i = pick(*seq, seqs.len());
+            seqs[i].stores().into_iter().for_each(|kv| kv.clear());
+        }
+        KvOp::Fork { seq } => {
+            let i = pick(*seq, seqs.len());
+            if seqs.len() < MAX_SEQS {
+                let s = &seqs[i];
+                let (spec, dense, grow) = (s.spec.fork(), s.dense.fork(), s.grow.fork());
+                let outcome = |r: Result<(), &KvError>| r.map_err(Clone::clone);
+                let results = [
+                    outcome(spec.as_ref().map(drop)),
+                    outcome(dense.as_ref().map(drop)),
+                    outcome(grow.as_ref().map(drop)),
+                ];
+                if !agree("fork", &results)? {
+                    if let (Ok(spec), Ok(dense), Ok(grow)) = (spec, dense, grow) {
+                        let fork = Seq { spec, dense, grow };
+                        if fork.snapshots()? != seqs[i].snapshots()? {
+                            return Err("a fork differs from its parent".into());
+                        }
+                        grow_caps.push(fork.grow.capacity());
+                        seqs.push(fork);
+                    }
+                }
+            }
+        }
+        KvOp::Free { seq } => {
+            if seqs.len() > 1 {
+                let i = pick(*seq, seqs.len());
+                seqs.remove(i);
+                grow_caps.remove(i);
+            }
+        }
+    }
+    for (seq, cap) in seqs.iter().zip(grow_caps.iter_mut()) {
+        let now = seq.grow.capacity();
+        if now < *cap {
+            return Err(format!("GrowKv capacity shrank from {cap} to {now}"));
+        }
+        *cap = now;
+    }
+    Ok(())
+}
+
+/// One append driven step by step on the three stores of `seq`.
+fn append<G: KvStore>(
+    seq: &mut Seq<G>,
+    start: Start,
+    n: usize,
+    bits: &[u32],
+    end: End,
+) -> Result<(), String> {
+    let before = seq.snapshots()?;
+    let len = seq.spec.len();
+    let at = match start {
+        Start::End => len,
+        Start::Back(back) => len.saturating_sub(usize::from(back)),
+        Start::At(at) => at,
+    };
+    let g = seq.spec.geometry();
+    let kv_dim = g.kv_dim();
+    let unchanged = |seq: &Seq<G>, what: &str| -> Result<(), String> {
+        if seq.snapshots()? == before {
+            Ok(())
+        } else {
+            Err(format!("{what} changed a store"))
+        }
+    };
+    let results = seq.stores().map(|kv| kv.begin(at, n));
+    if agree("begin", &results)? || results[0].is_err() {
+        for (kv, r) in seq.stores().into_iter().zip(&results) {
+            if r.is_ok() {
+                kv.rollback();
+            }
+        }
+        return unchanged(seq, "a failed begin");
+    }
+    // `n` fits in max_ctx ≤ MAX_CTX here, so the rows are small.
+    let layers = g.n_layers;
+    let (write_to, skip, bad) = match end {
+        End::FailAfter(k) => (usize::from(k) % (layers + 1), None, None),
+        End::SkipLayer(k) => (layers, Some(usize::from(k) % layers), None),
+        End::BadRow(k) => (layers, None, Some(usize::from(k) % layers)),
+        End::Commit | End::Rollback => (layers, None, None),
+    };
+    for layer in 0..write_to {
+        if skip == Some(layer) {
+            continue;
+        }
+        let (k, v) = (
+            rows(n, kv_dim, 0, layer, bits, false),
+            rows(n, kv_dim, 0, layer, bits, true),
+        );
+        if bad == Some(layer) {
+            let wide = rows(n, kv_dim, 1, layer, bits, true);
+            let results = seq
+                .stores()
+                .map(|kv| kv.write(layer, k.view(), wide.view()));
+            agree("a write of rows too wide", &results)?;
+            if results[0].is_ok() {
+                return Err("rows one element too wide were accepted".into());
+            }
+            seq.same_views()?;
+        }
+        let results = seq.stores().map(|kv| kv.write(layer, k.view(), v.view()));
+        agree(&format!("write({layer})"), &results)?;
+        seq.same_views()?;
+    }
+    let commit = matches!(end, End::Commit | End::BadRow(_) | End::SkipLayer(_));
+    if commit {
+        let results = seq.stores().map(|kv| kv.commit());
+        agree("commit", &results)?;
+        if matches!(end, End::SkipLayer(_)) && n > 0 && results[0].is_ok() {
+            return Err("a commit with a layer unwritten succeeded".into());
+        }
+        if results[0].is_ok() {
+            seq.same_views()?;
+            return Ok(());
+        }
+    }
+    seq.stores().into_iter().for_each(|kv| kv.rollback());
+    unchanged(seq, "a rolled-back append")
+}
+
+/// The invariants of one sequence outside an append: equal lengths and views, and each
+/// store's capacity and footprint rules.
+fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String> {
+    let (spec, dense, grow) = (&seq.spec, &seq.dense, &seq.grow);
+    if dense.len() != spec.len() || grow.len() != spec.len() {
+        return Err(format!(
+            "len differs: spec {}, DenseKv {}, GrowKv {}",
+            spec.len(),
+            dense.len(),
+            grow.len()
+        ));
+    }
+    let g = spec.geometry();
+    let footprint = |cap: usize| 2 * g.n_layers * cap * g.kv_dim() * 4;
+    if dense.capacity() != dense.max_ctx() || dense.bytes() != footprint(dense.max_ctx()) {
+        return Err(format!(
+            "DenseKv capacity {} bytes {}, expected {} and {}",
+            dense.capacity(),
+            dense.bytes(),
+            dense.max_ctx(),
+            footprint(dense.max_ctx())
+        ));
+    }
+    let cap = grow.capacity();
+    if !(grow.len()..=grow.max_ctx()).contains(&cap) || cap < grow_cap_before {
+        return Err(format!(
+            "GrowKv capacity {cap} invalid (len {}, max_ctx {}, before {grow_cap_before})",
+            grow.len(),
+            grow.max_ctx()
+        ));
+    }
+    if grow.bytes() != footprint(cap) || grow.bytes() > dense.bytes() {
+        return Err(format!(
+            "GrowKv bytes {} for capacity {cap}: expected {}, at most DenseKv's {}",
+            grow.bytes(),
+            footprint(cap),
+            dense.bytes()
+        ));
+    }
+    for layer in 0..g.n_layers {
+        let (positions, _, _) = layer_bits(spec, layer)?;
+        if positions != (0..spec.len()).collect::<Vec<_>>() {
+            return Err(format!("layer {layer} holds positions {positions:?}"));
+        }
+    }
+    seq.same_views()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `GrowKv` whose writes canonicalise one bit pattern (a lossy copy), or whose
+    /// rollback forgets to undo a replaced tail.
+    struct Faulty {
+        inner: GrowKv,
+        canonicalise: Option<u32>,
+        lazy_rollback: bool,
+    }
+
+    impl KvStore for Faulty {
+        fn geometry(&self) -> KvGeometry {
+            self.inner.geometry()
+        }
+        fn kv_types(&self) -> (KvType, KvType) {
+            self.inner.kv_types()
+        }
+        fn max_ctx(&self) -> usize {
+            self.inner.max_ctx()
+        }
+        fn len(&self) -> usize {
+            self.inner.len()
+        }
+        fn capacity(&self) -> usize {
+            self.inner.capacity()
+        }
+        fn bytes(&self) -> usize {
+            self.inner.bytes()
+        }
+        fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
+            self.inner.view(layer)
+        }
+        fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
+            self.inner.begin(at, n)
+        }
+        fn write(
+            &mut self,
+            layer: usize,
+            k: ArrayView2<'_, f32>,
+            v: ArrayView2<'_, f32>,
+        ) -> Result<(), KvError> {
+            let canonicalise = self.canonicalise;
+            let fix = |a: ArrayView2<'_, f32>| {
+                a.mapv(|x| match canonicalise {
+                    Some(bits) if x.to_bits() == bits => f32::NAN,
+                    _ => x,
+                })
+            };
+            self.inner.write(layer, fix(k).view(), fix(v).view())
+        }
+        fn commit(&mut self) -> Result<(), KvError> {
+            self.inner.commit()
+        }
+        fn rollback(&mut self) {
+            if self.lazy_rollback {
+                // Commits whatever was written: a rollback that forgets its undo.
+                if self.inner.commit().is_err() {
+                    self.inner.rollback();
+                }
+            } else {
+                self.inner.rollback();
+            }
+        }
+        fn truncate(&mut self, n: usize) {
+            self.inner.truncate(n)
+        }
+        fn fork(&self) -> Result<Self, KvError> {
+            Ok(Faulty {
+                inner: self.inner.fork()?,
+                ..*self
+            })
+        }
+        fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
+            Ok(Box::new(self.fork()?))
+        }
+    }
+
+    fn scenario(ops: Vec<KvOp>) -> Scenario {
+        Scenario {
+            n_layers: 2,
+            n_kv_heads: 1,
+            head_dim: 3,
+            max_ctx: 100,
+            initial: None,
+            ops,
+        }
+    }
+
+    fn against(
+        s: &Scenario,
+        canonicalise: Option<u32>,
+        lazy_rollback: bool,
+    ) -> Result<(), Divergence> {
+        run_against(s, |g, max_ctx, _, _| {
+            Ok(Faulty {
+                inner: GrowKv::new(g, max_ctx)?,
+                canonicalise,
+                lazy_rollback,
+            })
+        })
+    }
+
+    fn append(bits: Vec<u32>, start: Start, n: usize, end: End) -> KvOp {
+        KvOp::Append {
+            seq: 0,
+            start,
+            n,
+            bits,
+            end,
+        }
+    }
+
+    #[test]
+    fn a_nan_payload_change_is_a_divergence() {
+        let payload = 0x7fc0_1234;
+        let s = scenario(vec![append(vec![payload, 1], Start::End, 3, End::Commit)]);
+        assert!(run(&s).is_ok());
+        let d = against(&s, Some(payload), false).unwrap_err();
+        assert!(d.detail.contains("GrowKv"), "{d}");
+    }
+
+    #[test]
+    fn a_sign_of_zero_change_is_a_divergence() {
+        let s = scenario(vec![append(
+            vec![(-0.0f32).to_bits()],
+            Start::End,
+            1,
+            End::Commit,
+        )]);
+        assert!(against(&s, Some((-0.0f32).to_bits()), false).is_err());
+    }
+
+    #[test]
+    fn a_rollback_that_keeps_its_writes_is_a_divergence() {
+        let s = scenario(vec![
+            append(vec![1, 2, 3], Start::End, 5, End::Commit),
+            append(vec![9], Start::Back(2), 4, End::Rollback),
+        ]);
+        assert!(run(&s).is_ok());
+        assert!(against(&s, None, true).is_err());
+    }
+
+    #[test]
+    fn every_end_of_an_append_passes_on_the_real_stores() {
+        let mut ops = vec![KvOp::RefuseNextAlloc];
+        for (i, end) in [
+            End::Commit,
+            End::Rollback,
+            End::FailAfter(1),
+            End::SkipLayer(1),
+            End::BadRow(0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            ops.push(append(
+                vec![i as u32 + 7, 0x7f80_0001],
+                Start::Back(1),
+                70,
+                end,
+            ));
+            ops.push(KvOp::Fork { seq: 0 });
+            ops.push(KvOp::RefuseNextAlloc);
+        }
+        ops.push(KvOp::Truncate { seq: 1, n: 3 });
+        ops.push(append(vec![], Start::At(9), 1, End::Commit));
+        ops.push(KvOp::Free { seq: 0 });
+        ops.push(KvOp::Clear { seq: 0 });
+        assert_eq!(run(&scenario(ops)), Ok(()));
+    }
+
+    #[test]
+    fn empty_input_decodes_to_the_smallest_scenario() {
+        let s = Scenario::from_bytes(&[]).unwrap();
+        assert_eq!(
+            (s.n_layers, s.n_kv_heads, s.max_ctx, s.ops.len()),
+            (1, 1, 0, 0)
+        );
+        assert_eq!(run(&s), Ok(()));
+    }
+}
