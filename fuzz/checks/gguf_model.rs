@@ -197,7 +197,8 @@ fn poison(data: &mut [u8], dtype: DType, at: usize, v: f32) {
         DType::F32 => (at * 4, v.to_le_bytes().to_vec()),
         DType::F16 => (at * 2, f16::from_f32(v).to_le_bytes().to_vec()),
         DType::BF16 => (at * 2, bf16::from_f32(v).to_le_bytes().to_vec()),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => (
+        // Every block format of kvcore starts its block with an f16 scale.
+        _ => (
             at * dtype.block_bytes(),
             f16::from_f32(v).to_le_bytes().to_vec(),
         ),

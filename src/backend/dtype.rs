@@ -24,12 +24,19 @@ pub const QK: usize = 32;
 
 /// A weight element format. See the module docs for the byte layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
+    /// 32-bit IEEE floats.
     F32,
+    /// 16-bit IEEE floats.
     F16,
+    /// bfloat16: the top 16 bits of an f32.
     BF16,
+    /// Blocks of 32 signed bytes with an f16 scale (34 bytes).
     Q8_0,
+    /// Blocks of 32 4-bit values offset by 8 with an f16 scale (18 bytes).
     Q4_0,
+    /// Blocks of 32 4-bit values with an f16 scale and an f16 minimum (20 bytes).
     Q4_1,
 }
 

@@ -9,50 +9,99 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ShapeError {
+    /// A slice of the wrong length.
     #[error("{what}: expected length {expected}, got {actual}")]
     Length {
+        /// Which field or operand.
         what: &'static str,
+        /// What was expected.
         expected: usize,
+        /// What was given.
         actual: usize,
     },
+    /// A length that is not a whole number of rows (or blocks).
     #[error("{what}: length {len} is not a multiple of {multiple}")]
     NotMultiple {
+        /// Which field or operand.
         what: &'static str,
+        /// The declared or actual length.
         len: usize,
+        /// The factor it must be a multiple of.
         multiple: usize,
     },
+    /// Columns that are not a whole number of the format's blocks.
     #[error("{dtype} rows hold whole blocks of {} weights; {cols} columns do not", dtype.block_len())]
-    PartialBlock { dtype: DType, cols: usize },
+    PartialBlock {
+        /// The element format.
+        dtype: DType,
+        /// Columns given.
+        cols: usize,
+    },
+    /// Weight bytes that do not match the matrix's shape.
     #[error("{dtype} [{rows}, {cols}] takes {expected} bytes, got {actual}")]
     WeightBytes {
+        /// The element format.
         dtype: DType,
+        /// Rows given.
         rows: usize,
+        /// Columns given.
         cols: usize,
+        /// What was expected.
         expected: usize,
+        /// What was given.
         actual: usize,
     },
+    /// An index past the end.
     #[error("index {index} out of range for {what} of length {len}")]
     Index {
+        /// Which field or operand.
         what: &'static str,
+        /// The index given.
         index: usize,
+        /// The declared or actual length.
         len: usize,
     },
+    /// An operation the weight format does not support.
     #[error("{what}: not available for {dtype} weights")]
-    Unsupported { what: &'static str, dtype: DType },
+    Unsupported {
+        /// Which field or operand.
+        what: &'static str,
+        /// The element format.
+        dtype: DType,
+    },
+    /// Inconsistent dimensions (zero heads, heads not dividing, an odd RoPE head...).
     #[error("invalid geometry: {0}")]
     Geometry(&'static str),
+    /// A size that overflows `usize`.
     #[error("size overflow computing {what}")]
-    Overflow { what: &'static str },
+    Overflow {
+        /// Which field or operand.
+        what: &'static str,
+    },
+    /// An array whose dimensions do not fit.
     #[error("{what}: expected dims {expected:?}, got {actual:?}")]
     Dims {
+        /// Which field or operand.
         what: &'static str,
+        /// What was expected.
         expected: [usize; 3],
+        /// What was given.
         actual: [usize; 3],
     },
+    /// An array view whose last axis is strided.
     #[error("{what}: the last axis must be contiguous")]
-    NotContiguous { what: &'static str },
+    NotContiguous {
+        /// Which field or operand.
+        what: &'static str,
+    },
+    /// KV rows of an element type the kernel does not read.
     #[error("{what}: not available for {kv_type} KV rows")]
-    UnsupportedKv { what: &'static str, kv_type: KvType },
+    UnsupportedKv {
+        /// Which field or operand.
+        what: &'static str,
+        /// The element type.
+        kv_type: KvType,
+    },
 }
 
 /// Shape checks shared by every backend, one per kernel, named after it.

@@ -24,18 +24,31 @@
 /// One metadata value. Arrays are homogeneous: every element has the same variant.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// Type 0.
     U8(u8),
+    /// Type 1.
     I8(i8),
+    /// Type 2.
     U16(u16),
+    /// Type 3.
     I16(i16),
+    /// Type 4.
     U32(u32),
+    /// Type 5.
     I32(i32),
+    /// Type 6.
     F32(f32),
+    /// Type 7.
     Bool(bool),
+    /// Type 8, UTF-8.
     Str(String),
+    /// Type 9: elements of one type.
     Array(Vec<Value>),
+    /// Type 10.
     U64(u64),
+    /// Type 11.
     I64(i64),
+    /// Type 12.
     F64(f64),
 }
 

@@ -75,7 +75,6 @@ mod tests {
     use super::*;
     use crate::kv::{Append, KvRows, KvStore};
     use ndarray::Array2;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn geometry(n_layers: usize, kv_dim: usize) -> KvGeometry {
         KvGeometry {
@@ -459,53 +458,5 @@ mod tests {
         );
         assert_eq!((kv.len(), kv.capacity(), kv.bytes(), contents(&kv)), before);
         append(&mut kv, 4, 1).unwrap();
-    }
-
-    /// Refuses the `n`-th allocation it is asked about (counting from 1).
-    #[derive(Debug)]
-    struct RefuseNth {
-        n: usize,
-        calls: AtomicUsize,
-    }
-
-    impl AllocGate for RefuseNth {
-        fn admit(&self, _bytes: usize) -> bool {
-            self.calls.fetch_add(1, Ordering::Relaxed) + 1 != self.n
-        }
-    }
-
-    #[test]
-    fn a_gate_refusal_at_any_allocation_changes_nothing() {
-        // Growth allocates K then V; a tail replacement its two rollback copies; a fork
-        // its two buffers. Refusing each in turn must leave the store as it was.
-        for n in 1..=8 {
-            let mut kv = GrowKv::new(geometry(2, 3), 300).unwrap();
-            append(&mut kv, 0, 60).unwrap();
-            let gate = Arc::new(RefuseNth {
-                n,
-                calls: AtomicUsize::new(0),
-            });
-            kv.set_alloc_gate(Some(gate.clone()));
-            let mut refused = 0;
-            for (at, len) in [(60, 10), (50, 5), (55, 100)] {
-                let before = (kv.len(), kv.capacity(), kv.bytes(), contents(&kv));
-                match append(&mut kv, at, len) {
-                    Ok(()) => check_rows(&kv),
-                    Err(e) => {
-                        assert!(matches!(e, KvError::AllocFailed { .. }), "{e}");
-                        assert_eq!((kv.len(), kv.capacity(), kv.bytes(), contents(&kv)), before);
-                        refused += 1;
-                    }
-                }
-            }
-            match kv.fork() {
-                Ok(f) => assert_eq!(contents(&f), contents(&kv)),
-                Err(e) => {
-                    assert!(matches!(e, KvError::AllocFailed { .. }));
-                    refused += 1;
-                }
-            }
-            assert_eq!(refused, 1, "refusal {n} of {:?}", gate.calls);
-        }
     }
 }

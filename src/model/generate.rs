@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 /// How the next token is chosen from the logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Sampling {
     /// The highest logit (the lowest id among equal maxima).
     Greedy,
@@ -21,9 +22,13 @@ pub enum Sampling {
     /// `top_p` (1.0 = no limit), with a seeded generator: the same seed gives the same
     /// tokens.
     Random {
+        /// Divides the logits before the softmax; finite and > 0.
         temperature: f32,
+        /// Candidates kept by rank (0: all).
         top_k: usize,
+        /// Probability mass kept, in (0, 1].
         top_p: f32,
+        /// Seed of the generator.
         seed: u64,
     },
 }

@@ -43,6 +43,7 @@ pub enum Logits {
 
 /// The precision of the activations entering the decode GEMVs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Activations {
     /// f32 throughout (the default): weights dequantised exactly, within ~1e-4 of a
     /// float64 forward pass.

@@ -2,7 +2,7 @@
 //!
 //! - [`config`]: hyper-parameters from GGUF metadata;
 //! - [`llama`]: [`Llama`], the forward pass over any `Backend` and `KvStore`;
-//! - [`generate`]: samplers, the generation loop and [`GenStats`].
+//! - [`generate`](mod@generate): samplers, the generation loop and [`GenStats`].
 
 pub mod config;
 pub mod generate;

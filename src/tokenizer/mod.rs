@@ -3,11 +3,11 @@
 //!
 //! Encoding follows llama.cpp (`llama_tokenize` with `parse_special = true`, no BOS) step
 //! by step, so ids match it exactly:
-//! 1. [`special`]: cut the text at special tokens (control, user-defined and unknown types),
+//! 1. `special`: cut the text at special tokens (control, user-defined and unknown types),
 //!    longest first; those become their ids directly.
-//! 2. [`pretokenize`]: split every other stretch into words with the regex list that
+//! 2. `pretokenize`: split every other stretch into words with the regex list that
 //!    `tokenizer.ggml.pre` names.
-//! 3. [`bpe`]: write each word's bytes as their vocabulary chars ([`bytes`], the GPT-2
+//! 3. `bpe`: write each word's bytes as their vocabulary chars (`bytes`, the GPT-2
 //!    byte-to-unicode map) and merge adjacent pairs by rank (`tokenizer.ggml.merges`).
 //!
 //! Decoding maps each id to bytes (ordinary tokens through the byte map reversed; control,
@@ -39,6 +39,7 @@ use special::Fragment;
 
 /// Errors from building a tokenizer, decoding, or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TokenizerError {
     /// A token id that is not below the vocabulary size.
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]

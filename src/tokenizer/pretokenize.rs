@@ -28,6 +28,7 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 
 /// The pre-tokenizer families kvcore supports, named by the regex list they use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PreTokenizerKind {
     /// llama.cpp's fallback list (`pre = "default"` or no `pre` key): runs of punctuation,
     /// then GPT-2 words, then runs of digits, then triples of ASCII digits.

@@ -165,6 +165,7 @@ pub fn decode(dtype: DType, bytes: &[u8], cols: usize) -> Vec<Decoded> {
                 })
             })
             .collect(),
+        other => panic!("the oracle has no decoder for {other}"),
     };
     assert_eq!(out.len(), cols, "decode: byte count does not match cols");
     out

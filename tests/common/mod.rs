@@ -72,3 +72,28 @@ pub fn with_backend(name: &str, job: &impl PerBackend) {
 pub fn load_smollm2<B: Backend>(b: B) -> Llama<B> {
     Llama::load(smollm2_file(), b).expect("load SmolLM2")
 }
+
+/// The golden tolerance on a logit: the reference README states that a float32 engine
+/// with exactly dequantised weights lands within about 1e-4 and that every listed logit
+/// within 0.01 is what a correct engine meets; the smallest top-1 margin in the set is
+/// 0.05, so 0.01 also guarantees the same greedy choices.
+pub const TOL: f32 = 0.01;
+
+/// Checks one row of our logits against the reference entry of its position (every
+/// listed token within [`TOL`]) and returns the worst difference.
+pub fn check_row(name: &str, path: &str, ours: &[f32], reference: &Value) -> f32 {
+    let pos = reference["pos"].as_u64().unwrap();
+    let mut worst = 0.0f32;
+    for pair in reference["top"].as_array().unwrap() {
+        let id = pair[0].as_u64().unwrap() as usize;
+        let want = pair[1].as_f64().unwrap() as f32;
+        let diff = (ours[id] - want).abs();
+        assert!(
+            diff <= TOL,
+            "{name} ({path}) position {pos} token {id}: logit {} vs reference {want} (|diff| {diff} > {TOL})",
+            ours[id]
+        );
+        worst = worst.max(diff);
+    }
+    worst
+}

@@ -8,6 +8,7 @@ use std::fmt;
 /// (Written without `thiserror`: the backend crates depend on `kvcore`, `rayon` and the
 /// numeric crates only.)
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RayonError {
     /// A pool of zero threads was asked for.
     ZeroThreads,

@@ -50,12 +50,14 @@ impl Backend for Scalar {
 
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
+        quant::check_format("scalar gemv", w.dtype())?;
         matmul::gemv(w, x, y);
         Ok(())
     }
 
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemm(w, x, y)?;
+        quant::check_format("scalar gemm", w.dtype())?;
         matmul::gemm(w, x, y);
         Ok(())
     }
@@ -120,6 +122,7 @@ impl Backend for Scalar {
         out: &mut [f32],
     ) -> Result<(), ShapeError> {
         check::embed_row(table, row, out)?;
+        quant::check_format("scalar embed_row", table.dtype())?;
         quant::dequantize_row(table, row, out);
         Ok(())
     }

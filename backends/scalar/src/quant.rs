@@ -20,7 +20,7 @@
 //! are checked byte for byte against `shared/reference/quant-blocks.json`.
 
 use half::f16;
-use kvcore::backend::{DType, QK, Weights};
+use kvcore::backend::{DType, QK, ShapeError, Weights};
 
 /// Decode row `r` of `w` into `out`.
 ///
@@ -39,8 +39,8 @@ pub fn dequantize_row(w: &Weights<'_>, r: usize, out: &mut [f32]) {
 /// block boundary.
 ///
 /// # Panics
-/// If `out.len()` is not a whole number of blocks or `bytes` has the wrong length
-/// (programming errors).
+/// If `out.len()` is not a whole number of blocks, `bytes` has the wrong length, or
+/// `dtype` is not in [`FORMATS`] (programming errors).
 pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     let expected = dtype.row_bytes(out.len());
     assert_eq!(
@@ -96,7 +96,36 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        other => unsupported(other),
     }
+}
+
+/// The formats this crate implements, [`FORMATS`]; the backends check a weight's
+/// format at their entry points ([`check_format`]), so the decoders never see another.
+pub const FORMATS: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
+
+/// [`ShapeError::Unsupported`] for a weight format outside [`FORMATS`] (a format a newer
+/// `kvcore` defines that this backend does not implement yet).
+pub fn check_format(what: &'static str, dtype: DType) -> Result<(), ShapeError> {
+    if FORMATS.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(ShapeError::Unsupported { what, dtype })
+    }
+}
+
+/// A decoder reached with a format outside [`FORMATS`]: the callers' entry-point check
+/// rules it out.
+#[track_caller]
+pub fn unsupported(dtype: DType) -> ! {
+    panic!("{dtype} is not a format this backend implements (checked at its entry points)")
 }
 
 /// Encode `values` as `dtype`, exactly as gguf-py's `quants.quantize` does.
@@ -116,7 +145,8 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 /// The scales are computed in f32 and rounded to f16 (ties to even) only when stored.
 ///
 /// # Panics
-/// If `values.len()` is not a whole number of `dtype` blocks (a programming error).
+/// If `values.len()` is not a whole number of `dtype` blocks or `dtype` is not in
+/// [`FORMATS`] (programming errors).
 pub fn quantize_row(dtype: DType, values: &[f32]) -> Vec<u8> {
     let n_bytes = dtype.row_bytes(values.len()).unwrap_or_else(|| {
         panic!(
@@ -144,6 +174,7 @@ pub fn quantize_row(dtype: DType, values: &[f32]) -> Vec<u8> {
         DType::Q4_1 => values
             .chunks_exact(QK)
             .for_each(|b| quantize_q4_1(b, &mut out)),
+        other => unsupported(other),
     }
     debug_assert_eq!(out.len(), n_bytes);
     out

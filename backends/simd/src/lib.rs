@@ -43,6 +43,7 @@ use kvcore_scalar::Scalar;
 
 /// The kernel family a [`Simd`] backend runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SimdPath {
     /// x86_64 AVX2 with FMA and F16C.
     Avx2Fma,
@@ -166,6 +167,7 @@ impl Backend for Simd {
 
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
+        kvcore_scalar::quant::check_format("simd gemv", w.dtype())?;
         dispatch!(self, k => ops::gemv(k, w, x, y), scalar => Scalar.gemv(w, x, y)?);
         Ok(())
     }
@@ -189,6 +191,7 @@ impl Backend for Simd {
 
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemm(w, x, y)?;
+        kvcore_scalar::quant::check_format("simd gemm", w.dtype())?;
         dispatch!(self, k => ops::gemm(k, w, x, y), scalar => Scalar.gemm(w, x, y)?);
         Ok(())
     }

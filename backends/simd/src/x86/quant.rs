@@ -256,6 +256,7 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
             DType::Q8_0 => dot_blocks(Block::Q8_0, r, x, sums),
             DType::Q4_0 => dot_blocks(Block::Q4_0, r, x, sums),
             DType::Q4_1 => dot_blocks(Block::Q4_1, r, x, sums),
+            other => kvcore_scalar::quant::unsupported(other),
         };
     }
 }
@@ -313,5 +314,6 @@ pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
         DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
         DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
+        other => kvcore_scalar::quant::unsupported(other),
     }
 }
