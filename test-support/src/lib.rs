@@ -4,10 +4,13 @@
 //! - [`kv_diff`]: the differential checker of the KV stores ([`kv_diff::SpecKv`], the
 //!   specification store, and [`kv_diff::run`]), for the property tests and the
 //!   `kv_growth` fuzz target, and for anyone writing a store of their own;
-//! - [`tiny`]: tiny random Llama models as in-memory GGUF files.
+//! - [`tiny`]: tiny random Llama models as in-memory GGUF files;
+//! - [`conformance`]: the backend conformance suite, which any backend runs with one
+//!   [`conformance_suite!`] invocation in its tests.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod kv_diff;
 pub mod tiny;

@@ -1,0 +1,568 @@
+//! One input set per kernel, built from a seed, that any backend can run and the f64
+//! oracle can answer. The suites differ only in what they compare: the conformance
+//! suite (a backend against the scalar reference within the oracle's bound), and in
+//! kvcore's own tests `scalar_reference.rs` (scalar against the oracle) and
+//! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
+
+use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Rope, RopeStyle};
+use kvcore::kv::{KvRows, KvSegment, KvView};
+use kvcore::ndarray::{Array3, Axis, Slice};
+
+use super::inputs::{Matrix, Rng};
+use super::oracle::{self, Bounded};
+
+/// A kernel call with fixed inputs.
+pub trait Case {
+    /// A label for failure messages (kernel and shape).
+    fn label(&self) -> String;
+    /// The outputs of `b` on these inputs (shape errors panic: cases are well formed).
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32>;
+    /// The exact outputs and error bounds.
+    fn oracle(&self) -> Vec<Bounded>;
+}
+
+/// `y ← W x`.
+pub struct Gemv {
+    /// `W`, `[rows, cols]`.
+    pub m: Matrix,
+    /// `x`, `[cols]`.
+    pub x: Vec<f32>,
+}
+
+impl Gemv {
+    /// A random `W: [rows, cols]` in `dtype` and `x: [cols]`.
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let x = rng.values(cols);
+        Gemv { m, x }
+    }
+}
+
+impl Case for Gemv {
+    fn label(&self) -> String {
+        format!("gemv {} [{}, {}]", self.m.dtype, self.m.rows, self.m.cols)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.m.rows];
+        b.gemv(&self.m.weights(), &self.x, &mut y)
+            .expect("gemv shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemv(&self.m, &self.x)
+    }
+}
+
+/// `y ← W x̂` with 8-bit activations: the backend quantises `x` (`quantize_q8`) and runs
+/// `gemv_q8`. `W` is a block format.
+pub struct GemvQ8 {
+    /// `W`, `[rows, cols]`.
+    pub m: Matrix,
+    /// `x` before quantisation, `[cols]`.
+    pub x: Vec<f32>,
+}
+
+impl GemvQ8 {
+    /// The inputs of [`Gemv::new`] with the same arguments.
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let g = Gemv::new(dtype, rows, cols, seed);
+        GemvQ8 { m: g.m, x: g.x }
+    }
+}
+
+impl Case for GemvQ8 {
+    fn label(&self) -> String {
+        format!(
+            "gemv_q8 {} [{}, {}]",
+            self.m.dtype, self.m.rows, self.m.cols
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut xq = Q8Acts::new();
+        b.quantize_q8(&self.x, &mut xq).expect("whole blocks");
+        let mut y = vec![f32::NAN; self.m.rows];
+        b.gemv_q8(&self.m.weights(), &xq, &mut y)
+            .expect("gemv_q8 shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemv_q8(&self.m, &self.x)
+    }
+}
+
+/// `Y ← X Wᵀ`.
+pub struct Gemm {
+    /// `W`, `[rows, cols]`.
+    pub m: Matrix,
+    /// Tokens: rows of `X`.
+    pub n: usize,
+    /// `X`, `[n, cols]`.
+    pub x: Vec<f32>,
+}
+
+impl Gemm {
+    /// A random `W: [rows, cols]` in `dtype` and `X: [n, cols]`; `cols` must be
+    /// positive.
+    pub fn new(dtype: DType, rows: usize, cols: usize, n: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let x = rng.values(n * cols);
+        Gemm { m, n, x }
+    }
+
+    /// Row `t` of `Y` computed by `b.gemv` on row `t` of `X`.
+    pub fn run_as_gemv<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.n * self.m.rows];
+        for (xt, yt) in self
+            .x
+            .chunks_exact(self.m.cols)
+            .zip(y.chunks_exact_mut(self.m.rows.max(1)))
+        {
+            b.gemv(&self.m.weights(), xt, yt).expect("gemv shapes");
+        }
+        y
+    }
+}
+
+impl Case for Gemm {
+    fn label(&self) -> String {
+        let (t, r, c) = (self.m.dtype, self.m.rows, self.m.cols);
+        format!("gemm {t} [{r}, {c}] x [{}, {c}]", self.n)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut y = vec![f32::NAN; self.n * self.m.rows];
+        b.gemm(&self.m.weights(), &self.x, &mut y)
+            .expect("gemm shapes");
+        y
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::gemm(&self.m, &self.x)
+    }
+}
+
+/// `out ← W[row]`.
+pub struct Embed {
+    /// The embedding table, `[rows, cols]`.
+    pub m: Matrix,
+    /// The row looked up.
+    pub row: usize,
+}
+
+impl Embed {
+    /// A random table `[rows, cols]` in `dtype` and a random row; `rows` must be
+    /// positive.
+    pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let row = rng.below(rows);
+        Embed { m, row }
+    }
+}
+
+impl Case for Embed {
+    fn label(&self) -> String {
+        let (t, r, c) = (self.m.dtype, self.m.rows, self.m.cols);
+        format!("embed_row {t} [{r}, {c}] row {}", self.row)
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.m.cols];
+        b.embed_row(&self.m.weights(), self.row, &mut out)
+            .expect("embed shapes");
+        out
+    }
+    /// Decoding is exact: bound 0.
+    fn oracle(&self) -> Vec<Bounded> {
+        self.m
+            .row(self.row)
+            .iter()
+            .map(|d| Bounded {
+                value: d.value,
+                bound: 0.0,
+            })
+            .collect()
+    }
+}
+
+/// RoPE in place on `[positions.len(), n_heads, head_dim]`.
+pub struct RopeCase {
+    /// `[positions.len(), n_heads, head_dim]`.
+    pub x: Vec<f32>,
+    /// Elements per head (even).
+    pub head_dim: usize,
+    /// The position of each row of `x`.
+    pub positions: Vec<usize>,
+    /// Frequency base and pairing.
+    pub rope: Rope,
+}
+
+impl RopeCase {
+    /// Random `x` in `[-2, 2)` of `positions.len()` rows of `n_heads` heads.
+    pub fn new(
+        head_dim: usize,
+        n_heads: usize,
+        positions: Vec<usize>,
+        base: f32,
+        style: RopeStyle,
+        seed: u64,
+    ) -> Self {
+        let x = Rng::new(seed).uniform(positions.len() * n_heads * head_dim, 2.0);
+        RopeCase {
+            x,
+            head_dim,
+            positions,
+            rope: Rope { base, style },
+        }
+    }
+}
+
+impl Case for RopeCase {
+    fn label(&self) -> String {
+        format!(
+            "rope {:?} base {} head_dim {} x {} positions {:?}",
+            self.rope.style,
+            self.rope.base,
+            self.head_dim,
+            self.x.len(),
+            self.positions
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut x = self.x.clone();
+        b.rope(&mut x, self.head_dim, &self.positions, &self.rope)
+            .expect("rope shapes");
+        x
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::rope(&self.x, self.head_dim, &self.positions, &self.rope)
+    }
+}
+
+/// The geometry of an attention case: `n_new` query rows at positions `pos0 ..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads; a multiple of `n_kv_heads`.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Position of the first query row.
+    pub pos0: usize,
+}
+
+/// Grouped-query attention of a layer: `q: [n, n_heads, head_dim]` at positions
+/// `pos0 ..`, against cached rows at positions `0 .. n_keys` held in one or more segments,
+/// under a mask and a scale.
+pub struct Attention {
+    /// Heads, head size and the first query position.
+    pub shape: AttnShape,
+    /// `[n_new, n_heads, head_dim]`
+    pub q: Vec<f32>,
+    /// `[n_keys, n_kv_heads, head_dim]`
+    pub keys: Vec<f32>,
+    /// `[n_keys, n_kv_heads, head_dim]`
+    pub values: Vec<f32>,
+    /// Cached rows, at positions `0 .. n_keys`.
+    pub n_keys: usize,
+    /// Where the rows are cut into segments (ascending slot indices in `1..n_keys`).
+    pub cuts: Vec<usize>,
+    /// Mask and scale.
+    pub params: AttnParams,
+}
+
+impl Attention {
+    /// `n_keys = pos0 + n_new + extra` cached rows (the rows past the queries are
+    /// masked), one segment, causal, scale `1/√head_dim`.
+    pub fn new(shape: AttnShape, n_new: usize, extra: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let kv_dim = shape.n_kv_heads * shape.head_dim;
+        let n_keys = shape.pos0 + n_new + extra;
+        Attention {
+            shape,
+            q: rng.uniform(n_new * shape.n_heads * shape.head_dim, 2.0),
+            keys: rng.uniform(n_keys * kv_dim, 2.0),
+            values: rng.values(n_keys * kv_dim),
+            n_keys,
+            cuts: Vec::new(),
+            params: AttnParams::causal(shape.head_dim),
+        }
+    }
+
+    /// One query row per KV head (group 1) at the last of `n_keys` positions, with a
+    /// random scale: each head against every cached row (the kernel of one decode step).
+    pub fn heads(head_dim: usize, n_kv_heads: usize, n_keys: usize, seed: u64) -> Self {
+        let shape = AttnShape {
+            n_heads: n_kv_heads,
+            n_kv_heads,
+            head_dim,
+            pos0: n_keys.saturating_sub(1),
+        };
+        let mut case = Attention::new(shape, 1, 0, seed);
+        case.n_keys = n_keys;
+        case.keys.truncate(n_keys * n_kv_heads * head_dim);
+        case.values.truncate(n_keys * n_kv_heads * head_dim);
+        case.params.scale = Rng::new(!seed).range(0.1, 1.5);
+        case
+    }
+
+    /// The same rows cut into segments at `cuts` (slot indices, clamped and deduplicated).
+    pub fn with_cuts(mut self, cuts: &[usize]) -> Self {
+        let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(self.n_keys)).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        self.cuts = cuts;
+        self
+    }
+
+    /// The same case under `mask`.
+    pub fn with_mask(mut self, mask: Mask) -> Self {
+        self.params.mask = mask;
+        self
+    }
+
+    fn n_new(&self) -> usize {
+        self.q.len() / (self.shape.n_heads * self.shape.head_dim)
+    }
+
+    fn q_pos(&self) -> Vec<usize> {
+        (self.shape.pos0..self.shape.pos0 + self.n_new()).collect()
+    }
+
+    /// The rows as a view of segments cut at `cuts`.
+    pub fn view<'a>(&self, keys: &'a Array3<f32>, values: &'a Array3<f32>) -> KvView<'a> {
+        let mut bounds = vec![0];
+        bounds.extend(self.cuts.iter().copied());
+        bounds.push(self.n_keys);
+        let segments = bounds
+            .windows(2)
+            .map(|w| {
+                let slots = Slice::from(w[0]..w[1]);
+                KvSegment::new(
+                    w[0],
+                    KvRows::F32(keys.slice_axis(Axis(0), slots)),
+                    KvRows::F32(values.slice_axis(Axis(0), slots)),
+                )
+                .expect("same shapes")
+            })
+            .collect();
+        KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending")
+    }
+
+    /// The keys and values as arrays `[n_keys, n_kv_heads, head_dim]`.
+    pub fn arrays(&self) -> (Array3<f32>, Array3<f32>) {
+        let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);
+        (
+            Array3::from_shape_vec(dims, self.keys.clone()).expect("n_keys rows"),
+            Array3::from_shape_vec(dims, self.values.clone()).expect("n_keys rows"),
+        )
+    }
+}
+
+impl Case for Attention {
+    fn label(&self) -> String {
+        format!(
+            "attention {:?} n_new {} n_keys {} cuts {:?} {:?}",
+            self.shape,
+            self.n_new(),
+            self.n_keys,
+            self.cuts,
+            self.params
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let s = self.shape;
+        let dims = (self.n_new(), s.n_heads, s.head_dim);
+        let q = Array3::from_shape_vec(dims, self.q.clone()).expect("q rows");
+        let mut out = Array3::from_elem(dims, f32::NAN);
+        let (keys, values) = self.arrays();
+        b.attention(
+            q.view(),
+            &self.q_pos(),
+            &self.view(&keys, &values),
+            &self.params,
+            out.view_mut(),
+        )
+        .expect("attention shapes");
+        out.into_raw_vec_and_offset().0
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        let s = self.shape;
+        let kv_dim = s.n_kv_heads * s.head_dim;
+        let group = s.n_heads / s.n_kv_heads;
+        let q_pos = self.q_pos();
+        self.q
+            .chunks_exact(s.head_dim)
+            .enumerate()
+            .flat_map(|(pair, qh)| {
+                let (i, h) = (pair / s.n_heads, pair % s.n_heads);
+                let seen: Vec<usize> = (0..self.n_keys)
+                    .filter(|&k| self.params.mask.sees(q_pos[i], k))
+                    .collect();
+                let head = |m: &[f32]| -> Vec<f32> {
+                    seen.iter()
+                        .flat_map(|&t| &m[t * kv_dim..(t + 1) * kv_dim])
+                        .copied()
+                        .collect()
+                };
+                oracle::attend_head(
+                    qh,
+                    &head(&self.keys),
+                    &head(&self.values),
+                    seen.len(),
+                    kv_dim,
+                    h / group,
+                    self.params.scale,
+                )
+            })
+            .collect()
+    }
+}
+
+/// RMSNorm of `[n, d]`.
+pub struct RmsNorm {
+    /// `[n, d]`.
+    pub x: Vec<f32>,
+    /// `[d]`.
+    pub weight: Vec<f32>,
+    /// Added to the mean square.
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    /// Random `x: [n, d]` and weights in `[-2, 2)`.
+    pub fn new(n: usize, d: usize, eps: f32, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        RmsNorm {
+            x: rng.values(n * d),
+            weight: rng.uniform(d, 2.0),
+            eps,
+        }
+    }
+}
+
+impl Case for RmsNorm {
+    fn label(&self) -> String {
+        format!(
+            "rms_norm [{}, {}] eps {}",
+            self.x.len() / self.weight.len(),
+            self.weight.len(),
+            self.eps
+        )
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.x.len()];
+        b.rms_norm(&self.x, &self.weight, self.eps, &mut out)
+            .expect("rms_norm shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::rms_norm(&self.x, &self.weight, self.eps)
+    }
+}
+
+/// SwiGLU; gates up to `±gate_scale` (beyond ±88 `e^(−g)` overflows f32).
+pub struct Swiglu {
+    /// `[len]`, in `[-gate_scale, gate_scale)`.
+    pub gate: Vec<f32>,
+    /// `[len]`.
+    pub up: Vec<f32>,
+}
+
+impl Swiglu {
+    /// Random gates up to `±gate_scale` and up values of `len` elements.
+    pub fn new(len: usize, gate_scale: f32, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        Swiglu {
+            gate: rng.uniform(len, gate_scale),
+            up: rng.values(len),
+        }
+    }
+}
+
+impl Case for Swiglu {
+    fn label(&self) -> String {
+        format!("swiglu len {}", self.gate.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.gate.len()];
+        b.swiglu(&self.gate, &self.up, &mut out)
+            .expect("swiglu shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::swiglu(&self.gate, &self.up)
+    }
+}
+
+/// Residual add.
+pub struct Add {
+    /// The accumulator, `[len]`.
+    pub acc: Vec<f32>,
+    /// Added to it, `[len]`.
+    pub x: Vec<f32>,
+}
+
+impl Add {
+    /// Random `acc` and `x` of `len` elements.
+    pub fn new(len: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        Add {
+            acc: rng.values(len),
+            x: rng.values(len),
+        }
+    }
+}
+
+impl Case for Add {
+    fn label(&self) -> String {
+        format!("add len {}", self.acc.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut acc = self.acc.clone();
+        b.add(&mut acc, &self.x).expect("add shapes");
+        acc
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::add(&self.acc, &self.x)
+    }
+}
+
+/// Softmax of one row; `masked` of the entries are `−∞` (all of them when
+/// `masked ≥ len`).
+pub struct Softmax {
+    /// The row, `[len]`.
+    pub x: Vec<f32>,
+}
+
+impl Softmax {
+    /// A random row in `[-scale, scale)` with `masked` random entries (with repeats)
+    /// set to `−∞`, or all of them when `masked ≥ len`.
+    pub fn new(len: usize, scale: f32, masked: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let mut x = rng.uniform(len, scale);
+        for _ in 0..masked.min(len) {
+            let i = rng.below(len);
+            x[i] = f32::NEG_INFINITY;
+        }
+        if masked >= len {
+            x.fill(f32::NEG_INFINITY);
+        }
+        Softmax { x }
+    }
+}
+
+impl Case for Softmax {
+    fn label(&self) -> String {
+        let masked = self.x.iter().filter(|v| v.is_infinite()).count();
+        format!("softmax len {} masked {masked}", self.x.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut x = self.x.clone();
+        b.softmax(&mut x);
+        x
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::softmax(&self.x)
+    }
+}
