@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the kernels under AddressSanitizer: the backend conformance suite
-# (tests/conformance.rs: scalar, simd, rayon) and the simd crate's own tests, on nightly.
+# (kvcore-test-support's `conformance`, instantiated in tests/conformance.rs for scalar,
+# simd and rayon) and the simd crate's own tests, on nightly.
 #
 # Usage: .ci/asan.sh
 #

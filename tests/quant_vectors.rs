@@ -10,19 +10,15 @@
 //! Every other backend's quantised matmul is held to the f32 path within tolerance in
 //! `conformance.rs`.
 
-mod quant_data;
-
 use kvcore::backend::{Backend, DType, Weights};
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::{dequantize_row, quantize_row};
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
+use kvcore_test_support::conformance::oracle::bits;
+use kvcore_test_support::conformance::reference_data;
 
 #[test]
 fn every_format_has_synthetic_vectors() {
-    let data = quant_data::load();
+    let data = reference_data::load();
     for dtype in DType::ALL.into_iter().filter(|&d| d != DType::F32) {
         let n = data.synthetic.iter().filter(|c| c.dtype == dtype).count();
         assert_eq!(n, 5, "{dtype}: expected 5 synthetic cases");
@@ -32,7 +28,7 @@ fn every_format_has_synthetic_vectors() {
 
 #[test]
 fn dequantize_matches_gguf_py_bitwise() {
-    for c in quant_data::load().synthetic {
+    for c in reference_data::load().synthetic {
         let w = Weights::new(c.dtype, 1, c.values.len(), &c.bytes).expect("whole blocks");
         let mut out = vec![f32::NAN; c.values.len()];
         dequantize_row(&w, 0, &mut out);
@@ -42,7 +38,7 @@ fn dequantize_matches_gguf_py_bitwise() {
 
 #[test]
 fn quantize_matches_gguf_py_bytes() {
-    for c in quant_data::load().synthetic {
+    for c in reference_data::load().synthetic {
         assert_eq!(
             quantize_row(c.dtype, &c.input),
             c.bytes,
@@ -68,7 +64,7 @@ fn q8_0_rounds_ties_away_from_zero() {
 
 #[test]
 fn f32_round_trips_exactly() {
-    for c in quant_data::load().synthetic {
+    for c in reference_data::load().synthetic {
         let bytes = quantize_row(DType::F32, &c.input);
         let w = Weights::new(DType::F32, 1, c.input.len(), &bytes).expect("f32 row");
         let mut out = vec![f32::NAN; c.input.len()];
@@ -79,7 +75,7 @@ fn f32_round_trips_exactly() {
 
 #[test]
 fn smollm2_rows_dequantize_bitwise() {
-    for t in quant_data::load().real {
+    for t in reference_data::load().real {
         for (i, (bytes, values)) in t.bytes.iter().zip(&t.values).enumerate() {
             assert_eq!(values.len(), t.row_len);
             let w = Weights::new(t.dtype, 1, t.row_len, bytes).expect("whole blocks");
@@ -92,7 +88,7 @@ fn smollm2_rows_dequantize_bitwise() {
 
 #[test]
 fn smollm2_rows_embed_row_matches_values() {
-    for t in quant_data::load().real {
+    for t in reference_data::load().real {
         let data = t.bytes.concat();
         let w = Weights::new(t.dtype, t.bytes.len(), t.row_len, &data).expect("rows");
         for (r, values) in t.values.iter().enumerate() {
@@ -112,7 +108,7 @@ fn activations(n: usize) -> Vec<f32> {
 
 #[test]
 fn quantized_gemv_equals_f32_gemv_on_decoded_rows() {
-    let data = quant_data::load();
+    let data = reference_data::load();
     let cases = data
         .real
         .iter()

@@ -5,16 +5,16 @@
 //! 3 KV heads), batched RMSNorm / SwiGLU / add / RoPE, and proptest sweeps over odd
 //! sizes. Instantiated for the scalar and the SIMD inner backends.
 
-mod backend_support;
-
-use backend_support::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
-};
-use backend_support::{bits, strategy::*};
 use kvcore::backend::{Backend, DType, Mask, RopeStyle};
 use kvcore_rayon::{Rayon, RayonError};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
+use kvcore_test_support::conformance::cases::{
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
+};
+use kvcore_test_support::conformance::model::MATMUL_SHAPES;
+use kvcore_test_support::conformance::oracle::bits;
+use kvcore_test_support::conformance::strategy::*;
 use proptest::prelude::*;
 
 /// Thread counts every case runs at.
@@ -45,10 +45,7 @@ const SMOLLM2_ATTN: AttnShape = AttnShape {
 
 fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
     for dtype in DType::ALL {
-        for (k, (rows, cols)) in [(576, 576), (192, 576), (1536, 576), (576, 1536)]
-            .into_iter()
-            .enumerate()
-        {
+        for (k, (rows, cols)) in MATMUL_SHAPES.into_iter().enumerate() {
             let seed = 0x600d + k as u64;
             same_bits(inner, pools, &Gemv::new(dtype, rows, cols, seed));
             for n in [1, 7] {
@@ -58,7 +55,7 @@ fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
     }
     same_bits(inner, pools, &Gemv::new(DType::Q8_0, 49152, 576, 0xb16));
     for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-        for (rows, cols) in [(576, 576), (192, 576), (1536, 576), (576, 1536)] {
+        for (rows, cols) in MATMUL_SHAPES {
             same_bits(inner, pools, &GemvQ8::new(dtype, rows, cols, 0x98));
         }
     }

@@ -4,13 +4,11 @@
 //! `f` (which must propagate and leave the backend usable). Each scenario runs under a
 //! watchdog so that a deadlock fails the test instead of hanging the suite.
 
-mod backend_support;
-
-use backend_support::bits;
-use backend_support::cases::{Case, Gemv};
 use kvcore::backend::{Backend, DType};
 use kvcore_rayon::Rayon;
 use kvcore_simd::Simd;
+use kvcore_test_support::conformance::cases::{Case, Gemv};
+use kvcore_test_support::conformance::oracle::bits;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::time::Duration;

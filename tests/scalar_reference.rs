@@ -1,22 +1,22 @@
-//! The scalar reference backend against a float64 oracle (`backend_support/oracle.rs`):
-//! weights decoded independently in f64, dot products, softmax, RoPE angles, norms all
-//! in f64. Every output must lie within the oracle's worst-case error bound for one f32
-//! implementation (the bounds and their derivation are in `oracle.rs`).
+//! The scalar reference backend against a float64 oracle
+//! (`kvcore_test_support::conformance::oracle`): weights decoded independently in f64,
+//! dot products, softmax, RoPE angles, norms all in f64. Every output must lie within
+//! the oracle's worst-case error bound for one f32 implementation (the bounds and their
+//! derivation are documented there).
 //!
 //! Inputs: proptest draws shapes (0, 1, tile sizes ±1, odd lengths, 192 and 576) and a
 //! seed for the data, with a fixed RNG seed; the model shapes run as deterministic cases.
 //! Bitwise properties of the reference are checked too: decoding equals the f64
 //! decoder's f32 values exactly, and GEMM row `t` equals GEMV of token `t` bit for bit.
 
-mod backend_support;
-
-use backend_support::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
-};
-use backend_support::oracle::check;
-use backend_support::{bits, strategy::*};
 use kvcore::backend::{DType, Mask};
 use kvcore_scalar::Scalar;
+use kvcore_test_support::conformance::cases::{
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+};
+use kvcore_test_support::conformance::model::MATMUL_SHAPES;
+use kvcore_test_support::conformance::oracle::{bits, check};
+use kvcore_test_support::conformance::strategy::*;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -106,13 +106,10 @@ proptest! {
     }
 }
 
-/// SmolLM2-135M's projection shapes, `[out, in]`: q/o, k/v, gate/up, down.
-const MODEL_MATMUL: [(usize, usize); 4] = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
-
 #[test]
 fn model_shape_gemv_every_dtype() {
     for dtype in DType::ALL {
-        for (i, &(rows, cols)) in MODEL_MATMUL.iter().enumerate() {
+        for (i, &(rows, cols)) in MATMUL_SHAPES.iter().enumerate() {
             let case = Gemv::new(dtype, rows, cols, 0x5eed + i as u64);
             check(&case.label(), &case.run(&B), &case.oracle()).unwrap();
         }

@@ -6,11 +6,14 @@
 //!   `kv_growth` fuzz target, and for anyone writing a store of their own;
 //! - [`tiny`]: tiny random Llama models as in-memory GGUF files;
 //! - [`faults`]: fault injection (a backend that fails its `k`-th kernel call, an
-//!   allocation gate that refuses the `k`-th allocation).
+//!   allocation gate that refuses the `k`-th allocation);
+//! - [`conformance`]: the backend conformance suite, which any backend runs with one
+//!   [`conformance_suite!`] invocation in its tests.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod faults;
 pub mod kv_diff;
 pub mod tiny;

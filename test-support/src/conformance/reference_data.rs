@@ -1,46 +1,87 @@
-//! Loader for `shared/reference/quant-blocks.json`, the gguf-py test vectors of the weight
-//! formats (see the README next to it). Shared by `quant_vectors.rs` and
-//! `conformance.rs`. A missing or malformed file panics, so the tests that use it fail.
-
+//! The reference data the suite reads: `quant-blocks.json`, the gguf-py test vectors of
+//! the weight formats (see the README next to it in kvcore's `shared/reference`), loaded
+//! by [`load`].
+//!
+//! The directory is `$KVCORE_REFERENCE` when that is set (a backend outside kvcore's
+//! repository points it at a copy), else kvcore's `shared/reference` beside the
+//! repository (found from this crate's manifest directory). A missing or malformed file
+//! panics with the path and the variable, so the tests that use it fail: they are never
+//! skipped.
 //!
 //! Numbers are parsed with Rust's correctly rounded `str::parse::<f64>`: serde_json's
 //! default float parser may be one f64 ulp off, which breaks bit-exact comparisons. The
-//! text is first rewritten so that every JSON number becomes a JSON string ([`quote_numbers`]),
-//! then serde_json parses the structure.
+//! text is first rewritten so that every JSON number becomes a JSON string
+//! (`quote_numbers`), then serde_json parses the structure.
 
-#![allow(dead_code)] // each test binary reads a different subset of the fields
+use std::path::{Path, PathBuf};
 
 use kvcore::backend::DType;
 use serde_json::Value;
 
-/// Path of the reference vectors, relative to the root crate.
-const PATH: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/reference/quant-blocks.json"
-);
+/// The environment variable naming the reference data directory.
+pub const REFERENCE_VAR: &str = "KVCORE_REFERENCE";
+
+/// The file of the weight-format vectors, in the reference directory.
+pub const QUANT_BLOCKS: &str = "quant-blocks.json";
+
+/// The reference data directory: `$KVCORE_REFERENCE` when set and not empty, else
+/// `shared/reference` next to kvcore's repository (`<repo>/../shared/reference`).
+pub fn dir() -> PathBuf {
+    from_env().unwrap_or_else(default_dir)
+}
+
+/// `$KVCORE_REFERENCE`, unless unset or empty.
+fn from_env() -> Option<PathBuf> {
+    std::env::var_os(REFERENCE_VAR)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `<repo>/../shared/reference`, `<repo>` being the parent of this crate's directory.
+fn default_dir() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate lies in the repository");
+    repo.parent()
+        .unwrap_or(repo)
+        .join("shared")
+        .join("reference")
+}
 
 /// One synthetic case: 64 inputs, the bytes gguf-py quantised them to, and the values
 /// those bytes decode to.
 pub struct Synthetic {
+    /// The format.
     pub dtype: DType,
+    /// What the inputs exercise (the file's case name).
     pub case: String,
+    /// The values gguf-py quantised.
     pub input: Vec<f32>,
+    /// The stored blocks gguf-py wrote.
     pub bytes: Vec<u8>,
+    /// The values those blocks decode to.
     pub values: Vec<f32>,
 }
 
 /// Rows of a real SmolLM2 tensor: stored bytes and decoded values of each row.
 pub struct RealRows {
+    /// The tensor's name in the GGUF file.
     pub tensor: String,
+    /// Its stored format.
     pub dtype: DType,
+    /// Elements per row.
     pub row_len: usize,
+    /// The stored bytes of each row.
     pub bytes: Vec<Vec<u8>>,
+    /// The decoded values of each row.
     pub values: Vec<Vec<f32>>,
 }
 
-/// The parsed file.
+/// The parsed `quant-blocks.json`.
 pub struct QuantBlocks {
+    /// gguf-py's synthetic cases, five per block format.
     pub synthetic: Vec<Synthetic>,
+    /// Rows of real SmolLM2 tensors.
     pub real: Vec<RealRows>,
 }
 
@@ -110,10 +151,26 @@ fn quote_numbers(json: &str) -> String {
     out
 }
 
-/// Load and parse the reference file.
+/// Load and parse `quant-blocks.json` from [`dir`].
+///
+/// # Panics
+/// If the file cannot be read or is malformed; the message names the path and
+/// `$KVCORE_REFERENCE`.
 pub fn load() -> QuantBlocks {
-    let text = std::fs::read_to_string(PATH).unwrap_or_else(|e| panic!("{PATH}: {e}"));
-    let json: Value = serde_json::from_str(&quote_numbers(&text)).expect("valid JSON");
+    let path = dir().join(QUANT_BLOCKS);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        let which = match from_env() {
+            Some(_) => format!("the one {REFERENCE_VAR} names"),
+            None => format!("the default, as {REFERENCE_VAR} is not set"),
+        };
+        panic!(
+            "cannot read the reference data {} ({e}); the directory is {which}. Set \
+             {REFERENCE_VAR} to a directory holding a copy of kvcore's shared/reference.",
+            path.display()
+        )
+    });
+    let json: Value = serde_json::from_str(&quote_numbers(&text))
+        .unwrap_or_else(|e| panic!("{}: not valid JSON: {e}", path.display()));
     let synthetic = json["synthetic"]
         .as_array()
         .expect("synthetic list")

@@ -1,13 +1,15 @@
 //! One input set per kernel, built from a seed, that any backend can run and the f64
-//! oracle can answer. The three suites differ only in what they compare:
-//! `scalar_reference.rs` (scalar vs oracle), `conformance.rs` (backend vs scalar within
-//! the oracle's bound), `rayon_bitwise.rs` (rayon vs inner, bit for bit).
+//! oracle can answer. The suites differ only in what they compare: the conformance
+//! suite (a backend against the scalar reference within the oracle's bound), and in
+//! kvcore's own tests `scalar_reference.rs` (scalar against the oracle) and
+//! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
 
-use super::oracle::{self, Bounded};
-use super::{Matrix, Rng};
 use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Rope, RopeStyle};
 use kvcore::kv::{KvRows, KvSegment, KvView};
 use kvcore::ndarray::{Array3, Axis, Slice};
+
+use super::inputs::{Matrix, Rng};
+use super::oracle::{self, Bounded};
 
 /// A kernel call with fixed inputs.
 pub trait Case {
@@ -21,11 +23,14 @@ pub trait Case {
 
 /// `y ← W x`.
 pub struct Gemv {
+    /// `W`, `[rows, cols]`.
     pub m: Matrix,
+    /// `x`, `[cols]`.
     pub x: Vec<f32>,
 }
 
 impl Gemv {
+    /// A random `W: [rows, cols]` in `dtype` and `x: [cols]`.
     pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let m = Matrix::random(dtype, rows, cols, &mut rng);
@@ -52,11 +57,14 @@ impl Case for Gemv {
 /// `y ← W x̂` with 8-bit activations: the backend quantises `x` (`quantize_q8`) and runs
 /// `gemv_q8`. `W` is a block format.
 pub struct GemvQ8 {
+    /// `W`, `[rows, cols]`.
     pub m: Matrix,
+    /// `x` before quantisation, `[cols]`.
     pub x: Vec<f32>,
 }
 
 impl GemvQ8 {
+    /// The inputs of [`Gemv::new`] with the same arguments.
     pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
         let g = Gemv::new(dtype, rows, cols, seed);
         GemvQ8 { m: g.m, x: g.x }
@@ -85,13 +93,17 @@ impl Case for GemvQ8 {
 
 /// `Y ← X Wᵀ`.
 pub struct Gemm {
+    /// `W`, `[rows, cols]`.
     pub m: Matrix,
+    /// Tokens: rows of `X`.
     pub n: usize,
+    /// `X`, `[n, cols]`.
     pub x: Vec<f32>,
 }
 
 impl Gemm {
-    /// `cols` must be positive.
+    /// A random `W: [rows, cols]` in `dtype` and `X: [n, cols]`; `cols` must be
+    /// positive.
     pub fn new(dtype: DType, rows: usize, cols: usize, n: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let m = Matrix::random(dtype, rows, cols, &mut rng);
@@ -131,12 +143,15 @@ impl Case for Gemm {
 
 /// `out ← W[row]`.
 pub struct Embed {
+    /// The embedding table, `[rows, cols]`.
     pub m: Matrix,
+    /// The row looked up.
     pub row: usize,
 }
 
 impl Embed {
-    /// `rows` must be positive.
+    /// A random table `[rows, cols]` in `dtype` and a random row; `rows` must be
+    /// positive.
     pub fn new(dtype: DType, rows: usize, cols: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let m = Matrix::random(dtype, rows, cols, &mut rng);
@@ -171,13 +186,18 @@ impl Case for Embed {
 
 /// RoPE in place on `[positions.len(), n_heads, head_dim]`.
 pub struct RopeCase {
+    /// `[positions.len(), n_heads, head_dim]`.
     pub x: Vec<f32>,
+    /// Elements per head (even).
     pub head_dim: usize,
+    /// The position of each row of `x`.
     pub positions: Vec<usize>,
+    /// Frequency base and pairing.
     pub rope: Rope,
 }
 
 impl RopeCase {
+    /// Random `x` in `[-2, 2)` of `positions.len()` rows of `n_heads` heads.
     pub fn new(
         head_dim: usize,
         n_heads: usize,
@@ -235,15 +255,19 @@ pub struct AttnShape {
 /// `pos0 ..`, against cached rows at positions `0 .. n_keys` held in one or more segments,
 /// under a mask and a scale.
 pub struct Attention {
+    /// Heads, head size and the first query position.
     pub shape: AttnShape,
+    /// `[n_new, n_heads, head_dim]`
     pub q: Vec<f32>,
     /// `[n_keys, n_kv_heads, head_dim]`
     pub keys: Vec<f32>,
     /// `[n_keys, n_kv_heads, head_dim]`
     pub values: Vec<f32>,
+    /// Cached rows, at positions `0 .. n_keys`.
     pub n_keys: usize,
     /// Where the rows are cut into segments (ascending slot indices in `1..n_keys`).
     pub cuts: Vec<usize>,
+    /// Mask and scale.
     pub params: AttnParams,
 }
 
@@ -397,12 +421,16 @@ impl Case for Attention {
 
 /// RMSNorm of `[n, d]`.
 pub struct RmsNorm {
+    /// `[n, d]`.
     pub x: Vec<f32>,
+    /// `[d]`.
     pub weight: Vec<f32>,
+    /// Added to the mean square.
     pub eps: f32,
 }
 
 impl RmsNorm {
+    /// Random `x: [n, d]` and weights in `[-2, 2)`.
     pub fn new(n: usize, d: usize, eps: f32, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         RmsNorm {
@@ -435,11 +463,14 @@ impl Case for RmsNorm {
 
 /// SwiGLU; gates up to `±gate_scale` (beyond ±88 `e^(−g)` overflows f32).
 pub struct Swiglu {
+    /// `[len]`, in `[-gate_scale, gate_scale)`.
     pub gate: Vec<f32>,
+    /// `[len]`.
     pub up: Vec<f32>,
 }
 
 impl Swiglu {
+    /// Random gates up to `±gate_scale` and up values of `len` elements.
     pub fn new(len: usize, gate_scale: f32, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         Swiglu {
@@ -466,11 +497,14 @@ impl Case for Swiglu {
 
 /// Residual add.
 pub struct Add {
+    /// The accumulator, `[len]`.
     pub acc: Vec<f32>,
+    /// Added to it, `[len]`.
     pub x: Vec<f32>,
 }
 
 impl Add {
+    /// Random `acc` and `x` of `len` elements.
     pub fn new(len: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         Add {
@@ -497,10 +531,13 @@ impl Case for Add {
 /// Softmax of one row; `masked` of the entries are `−∞` (all of them when
 /// `masked ≥ len`).
 pub struct Softmax {
+    /// The row, `[len]`.
     pub x: Vec<f32>,
 }
 
 impl Softmax {
+    /// A random row in `[-scale, scale)` with `masked` random entries (with repeats)
+    /// set to `−∞`, or all of them when `masked ≥ len`.
     pub fn new(len: usize, scale: f32, masked: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let mut x = rng.uniform(len, scale);

@@ -6,8 +6,9 @@
 //! worst-case (not statistical) bound on `|f32 kernel − exact|`, following the standard
 //! model `fl(a ∘ b) = (a ∘ b)(1 + δ)`, `|δ| ≤ u`, plus [`TINY`] of absolute error per
 //! operation for gradual underflow. Two correct implementations therefore differ by at
-//! most twice the bound (`conformance.rs`); `scalar_reference.rs` holds the scalar
-//! backend to the bound itself.
+//! most twice the bound ([`check_pair`], the conformance suite); [`check`] holds one
+//! implementation to the bound itself (kvcore's `scalar_reference.rs` holds the scalar
+//! backend to it).
 //!
 //! Sums. A sum of `n` rounded terms (any order: sequential, SIMD lanes, blocked, with
 //! or without FMA) is within `γ_n·Σ|terms|` of the exact sum, `γ_n ≈ n·u`, in the worst
@@ -47,10 +48,20 @@
 //!   `(EXP_ULPS + 6)·u·|out|`, plus `1e-30·|u|`: for `g < −88`, `e^(−g)` overflows f32 and
 //!   the f32 formula returns `−0` where the exact value is below `1e-36`.
 //! - add: IEEE addition is correctly rounded, `u·|out|`; two correct implementations
-//!   agree bit for bit, which `conformance.rs` requires.
+//!   agree bit for bit, which the conformance suite requires.
 
-use super::{Decoded, Matrix, TINY, U, dot_f64};
 use kvcore::backend::{Rope, RopeStyle};
+
+use super::decode::{Decoded, dot_f64};
+use super::inputs::Matrix;
+
+/// The unit roundoff of f32, `2^-24`.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The smallest positive normal f32, `2^-126`: below it the relative error model of
+/// floating point fails (gradual underflow, or flush-to-zero in SIMD units), so each
+/// rounding may add this much absolute error.
+pub const TINY: f64 = f32::MIN_POSITIVE as f64;
 
 /// Relative error allowed for an f32 `exp`, in ulps. libm's `expf` is within 1 ulp; a
 /// vectorised polynomial `exp` is typically within 2–4. 16 leaves room and still rejects
@@ -70,7 +81,9 @@ pub fn sum_ulps(n: usize) -> f64 {
 /// An exact output and the error bound of a correct f32 implementation.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounded {
+    /// The exact output (to f64 accuracy).
     pub value: f64,
+    /// The most a correct f32 implementation may differ from `value`.
     pub bound: f64,
 }
 
@@ -296,6 +309,11 @@ pub fn add(acc: &[f32], x: &[f32]) -> Vec<Bounded> {
             }
         })
         .collect()
+}
+
+/// Bit patterns, for exact comparisons that also tell `0.0` from `-0.0` and see NaN.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Every `got[i]` within `bound[i]` of the exact value.

@@ -1,0 +1,351 @@
+//! The suite's checks, generic over the backend, and [`conformance_suite!`], which
+//! instantiates them as `#[test]` functions for one backend.
+//!
+//! [`conformance_suite!`]: crate::conformance_suite
+
+use std::any::Any;
+use std::sync::OnceLock;
+
+use kvcore::backend::{Backend, Weights};
+use kvcore_scalar::Scalar;
+use proptest::test_runner::TestCaseError;
+
+use super::cases::{Case, Gemm};
+use super::inputs::{Matrix, Rng};
+use super::oracle::{self, bits, check_pair};
+use super::reference_data;
+
+/// The reference every backend is compared with.
+pub const REFERENCE: Scalar = Scalar::new();
+
+/// `b` on `case` within twice the oracle's bound of the scalar reference.
+pub fn conforms<B: Backend>(b: &B, case: &impl Case) -> Result<(), TestCaseError> {
+    let label = format!("{}: {}", b.name(), case.label());
+    check_pair(&label, &case.run(b), &case.run(&REFERENCE), &case.oracle())
+        .map_err(TestCaseError::fail)
+}
+
+/// `b` on `case` bit for bit equal to the scalar reference.
+pub fn exact<B: Backend>(b: &B, case: &impl Case) -> Result<(), TestCaseError> {
+    let (got, want) = (case.run(b), case.run(&REFERENCE));
+    proptest::prop_assert_eq!(bits(&got), bits(&want), "{}: {}", b.name(), case.label());
+    Ok(())
+}
+
+/// GEMM row `t` within twice the bound of the backend's own GEMV of token `t`.
+pub fn gemm_rows_match_gemv<B: Backend>(b: &B, case: &Gemm) -> Result<(), TestCaseError> {
+    let label = format!("{}: {} rows vs gemv", b.name(), case.label());
+    check_pair(&label, &case.run(b), &case.run_as_gemv(b), &case.oracle())
+        .map_err(TestCaseError::fail)
+}
+
+/// Quantised GEMV and GEMM (`n` tokens, activations from `seed`) on `m` against the same
+/// backend on the decoded F32 copy: within twice the quantised product's bound (the
+/// decoded values are exact f32, so the exact results are equal).
+pub fn quantized_matches_f32<B: Backend>(
+    b: &B,
+    m: &Matrix,
+    n: usize,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let values = m.decoded_f32();
+    let wf = Weights::from_f32(m.rows, m.cols, &values).expect("f32 copy");
+    let x = Rng::new(seed).values(n * m.cols);
+    let want = oracle::gemm(m, &x);
+    let label = format!(
+        "{}: {} [{}, {}] vs F32, n {n}",
+        b.name(),
+        m.dtype,
+        m.rows,
+        m.cols
+    );
+    let (mut yq, mut yf) = (vec![f32::NAN; n * m.rows], vec![f32::NAN; n * m.rows]);
+    b.gemm(&m.weights(), &x, &mut yq).expect("gemm shapes");
+    b.gemm(&wf, &x, &mut yf).expect("gemm shapes");
+    check_pair(&format!("{label} gemm"), &yq, &yf, &want).map_err(TestCaseError::fail)?;
+    let x0 = &x[..m.cols];
+    let (mut yq, mut yf) = (vec![f32::NAN; m.rows], vec![f32::NAN; m.rows]);
+    b.gemv(&m.weights(), x0, &mut yq).expect("gemv shapes");
+    b.gemv(&wf, x0, &mut yf).expect("gemv shapes");
+    check_pair(&format!("{label} gemv"), &yq, &yf, &want[..m.rows]).map_err(TestCaseError::fail)
+}
+
+/// The real SmolLM2 rows of the reference data ([`reference_data::load`]), quantised against
+/// their decoded values.
+///
+/// # Panics
+/// If a check fails, or the reference data is missing.
+pub fn smollm2_rows_match_f32<B: Backend>(b: &B) {
+    for t in reference_data::load().real {
+        let m = Matrix {
+            dtype: t.dtype,
+            rows: t.bytes.len(),
+            cols: t.row_len,
+            bytes: t.bytes.concat(),
+        };
+        assert_eq!(
+            m.decoded_f32(),
+            t.values.concat(),
+            "{}: decoded values",
+            t.tensor
+        );
+        quantized_matches_f32(b, &m, 3, 0x51).unwrap();
+    }
+}
+
+/// The backend of one instantiation of [`conformance_suite!`], built on first use and
+/// shared by its tests (a `static` of a type the macro's caller need not name).
+///
+/// [`conformance_suite!`]: crate::conformance_suite
+pub struct SharedBackend(OnceLock<Box<dyn Any + Send + Sync>>);
+
+impl SharedBackend {
+    /// Empty: nothing is built until [`get_or_init`](Self::get_or_init).
+    pub const fn new() -> Self {
+        SharedBackend(OnceLock::new())
+    }
+
+    /// The backend, built by `make` on the first call.
+    ///
+    /// # Panics
+    /// If an earlier call built a backend of another type (each `static` serves one
+    /// constructor).
+    pub fn get_or_init<B: Backend + 'static>(
+        &'static self,
+        make: impl FnOnce() -> B,
+    ) -> &'static B {
+        (self.0.get_or_init(|| Box::new(make())).downcast_ref())
+            .expect("a SharedBackend holds one backend type")
+    }
+}
+
+impl Default for SharedBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The backend conformance suite as `#[test]` functions in a new module: every kernel of
+/// a backend against the scalar reference (see [`conformance`](crate::conformance)).
+///
+/// `conformance_suite!(module, make)` declares `mod module`, whose tests share one
+/// backend built on first use by `make`: a function or closure taking no arguments and
+/// returning a `'static` [`Backend`](kvcore::backend::Backend), such as `Scalar::new`
+/// or `|| Rayon::new(Simd::new(), 2).expect("thread pool")`. `make` is evaluated inside
+/// the module, which imports the items of the enclosing one.
+///
+/// The tests, each reporting the backend's name and the case on failure:
+/// - proptests (fixed RNG seed, so every run draws the same inputs; 48 cases each):
+///   `gemv`, `gemm` (also against the backend's own GEMV), `quantized_vs_f32`,
+///   `gemv_q8`, `embed_row` (exact), `rope`, `attention_heads`, `attention`,
+///   `attention_segments_do_not_change_bits`, `rms_norm`, `swiglu`, `add` (exact),
+///   `softmax`;
+/// - SmolLM2-135M's shapes: `model_matmul_{f32,f16,bf16,q8_0,q4_0,q4_1}`,
+///   `model_output_gemv_49152x576`, `model_attention_and_elementwise`;
+/// - `smollm2_rows_quantized_vs_f32` (reads the reference data, see
+///   [`reference_data`](crate::conformance::reference_data));
+/// - `shape_errors`.
+///
+/// The caller needs only `kvcore-test-support` (and `kvcore` for its backend) as
+/// dev-dependencies: the expansion reaches proptest through this crate. The
+/// [`conformance`](crate::conformance) module shows a complete test file.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($module:ident, $make:expr $(,)?) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::conformance::__private::kvcore::backend::{Backend, DType, Mask};
+            use $crate::conformance::__private::proptest::prelude::{
+                Just, any, prop, prop_assert_eq, prop_oneof, proptest,
+            };
+            use $crate::conformance::cases::{
+                Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase,
+                Softmax, Swiglu,
+            };
+            use $crate::conformance::inputs::{Matrix, Rng};
+            use $crate::conformance::oracle::bits;
+            use $crate::conformance::strategy::{
+                config, dim, dim1, dtype_cols, head_dim, head_dim_even, position, rope_base,
+                rope_style,
+            };
+            use $crate::conformance::suite::{
+                SharedBackend, conforms, exact, gemm_rows_match_gemv, quantized_matches_f32,
+            };
+            use $crate::conformance::{model, shape_errors as errors, suite};
+
+            static BACKEND: SharedBackend = SharedBackend::new();
+
+            fn b() -> &'static impl Backend {
+                BACKEND.get_or_init($make)
+            }
+
+            proptest! {
+                #![proptest_config(config(48))]
+
+                #[test]
+                fn gemv((dtype, cols) in dtype_cols(), rows in dim(), seed in any::<u64>()) {
+                    conforms(b(), &Gemv::new(dtype, rows, cols, seed))?;
+                }
+
+                #[test]
+                fn gemm(
+                    (dtype, cols) in dtype_cols(), rows in dim(), n in 0usize..6,
+                    seed in any::<u64>()
+                ) {
+                    let case = Gemm::new(dtype, rows, cols.max(dtype.block_len()), n, seed);
+                    conforms(b(), &case)?;
+                    gemm_rows_match_gemv(b(), &case)?;
+                }
+
+                #[test]
+                fn quantized_vs_f32(
+                    (dtype, cols) in dtype_cols(), rows in dim(), n in 1usize..4,
+                    seed in any::<u64>()
+                ) {
+                    let cols = cols.max(dtype.block_len());
+                    let m = Matrix::random(dtype, rows, cols, &mut Rng::new(seed));
+                    quantized_matches_f32(b(), &m, n, seed ^ 1)?;
+                }
+
+                #[test]
+                fn gemv_q8(
+                    dtype in prop::sample::select(vec![DType::Q8_0, DType::Q4_0, DType::Q4_1]),
+                    blocks in 0usize..20, rows in dim(), seed in any::<u64>()
+                ) {
+                    conforms(b(), &GemvQ8::new(dtype, rows, blocks * 32, seed))?;
+                }
+
+                #[test]
+                fn embed_row((dtype, cols) in dtype_cols(), rows in 1usize..5, seed in any::<u64>()) {
+                    exact(b(), &Embed::new(dtype, rows, cols, seed))?;
+                }
+
+                #[test]
+                fn rope(
+                    head_dim in head_dim_even(), n_heads in 1usize..4,
+                    positions in prop::collection::vec(position(), 0..4),
+                    base in rope_base(), style in rope_style(), seed in any::<u64>()
+                ) {
+                    conforms(b(), &RopeCase::new(head_dim, n_heads, positions, base, style, seed))?;
+                }
+
+                #[test]
+                fn attention_heads(
+                    head_dim in head_dim(), n_kv in 1usize..4,
+                    n_keys in prop_oneof![0usize..4, 0usize..80], seed in any::<u64>()
+                ) {
+                    conforms(b(), &Attention::heads(head_dim, n_kv, n_keys, seed))?;
+                }
+
+                #[test]
+                fn attention(
+                    head_dim in head_dim(), n_kv in 1usize..4, group in 1usize..4,
+                    pos0 in 0usize..40, n_new in 0usize..5, extra in 0usize..3,
+                    cuts in prop::collection::vec(0usize..48, 0..3),
+                    window in prop::option::of(0usize..12), seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let mut case = Attention::new(shape, n_new, extra, seed).with_cuts(&cuts);
+                    if let Some(window) = window {
+                        case = case.with_mask(Mask::SlidingWindow { window });
+                    }
+                    conforms(b(), &case)?;
+                }
+
+                /// How a store cuts its rows into segments never changes the bits.
+                #[test]
+                fn attention_segments_do_not_change_bits(
+                    n_kv in 1usize..4, group in 1usize..4, pos0 in 0usize..40,
+                    n_new in 1usize..5, cuts in prop::collection::vec(1usize..48, 1..4),
+                    seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim: 8, pos0 };
+                    let whole = Attention::new(shape, n_new, 2, seed);
+                    let cut = Attention::new(shape, n_new, 2, seed).with_cuts(&cuts);
+                    prop_assert_eq!(bits(&whole.run(b())), bits(&cut.run(b())), "cuts {:?}", cuts);
+                }
+
+                #[test]
+                fn rms_norm(
+                    n in 0usize..4, d in dim1(), eps in prop::sample::select(vec![1e-5f32, 1e-6]),
+                    seed in any::<u64>()
+                ) {
+                    conforms(b(), &RmsNorm::new(n, d, eps, seed))?;
+                }
+
+                #[test]
+                fn swiglu(
+                    len in dim(), gate_scale in prop::sample::select(vec![4.0f32, 20.0, 120.0]),
+                    seed in any::<u64>()
+                ) {
+                    conforms(b(), &Swiglu::new(len, gate_scale, seed))?;
+                }
+
+                #[test]
+                fn add(len in dim(), seed in any::<u64>()) {
+                    exact(b(), &Add::new(len, seed))?;
+                }
+
+                #[test]
+                fn softmax(
+                    len in dim(), scale in prop::sample::select(vec![1.0f32, 10.0, 60.0]),
+                    masked in prop_oneof![Just(0usize), 0usize..4, Just(usize::MAX)],
+                    seed in any::<u64>()
+                ) {
+                    conforms(b(), &Softmax::new(len, scale, masked, seed))?;
+                }
+            }
+
+            #[test]
+            fn model_matmul_f32() {
+                model::matmul_conforms(b(), DType::F32);
+            }
+
+            #[test]
+            fn model_matmul_f16() {
+                model::matmul_conforms(b(), DType::F16);
+            }
+
+            #[test]
+            fn model_matmul_bf16() {
+                model::matmul_conforms(b(), DType::BF16);
+            }
+
+            #[test]
+            fn model_matmul_q8_0() {
+                model::matmul_conforms(b(), DType::Q8_0);
+            }
+
+            #[test]
+            fn model_matmul_q4_0() {
+                model::matmul_conforms(b(), DType::Q4_0);
+            }
+
+            #[test]
+            fn model_matmul_q4_1() {
+                model::matmul_conforms(b(), DType::Q4_1);
+            }
+
+            #[test]
+            fn model_output_gemv_49152x576() {
+                model::output_gemv_conforms(b());
+            }
+
+            #[test]
+            fn model_attention_and_elementwise() {
+                model::ops_conform(b());
+            }
+
+            #[test]
+            fn smollm2_rows_quantized_vs_f32() {
+                suite::smollm2_rows_match_f32(b());
+            }
+
+            #[test]
+            fn shape_errors() {
+                errors::check(b());
+            }
+        }
+    };
+}
