@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use common::smollm2_file;
 use kvcore::gguf::GgufFile;
-use kvcore::kv::KvRows;
 use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::{MAGIC, VERSION};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -20,6 +19,7 @@ use kvcore::{
 };
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
+use kvcore_test_support::session::{reseal, rows, snapshot};
 use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -71,45 +71,6 @@ fn to_bytes<B: Backend, K: KvStore>(s: &Session<K>, model: &Llama<B>, meta: &[u8
     out
 }
 
-/// Every row of every layer, K then V, as bits.
-fn rows<K: KvStore>(kv: &K) -> Vec<Vec<u32>> {
-    (0..kv.geometry().n_layers)
-        .map(|layer| {
-            let view = kv.view(layer).unwrap();
-            let mut bits = Vec::new();
-            for s in view.segments() {
-                for r in [s.keys(), s.values()] {
-                    match r {
-                        KvRows::F32(a) => bits.extend(a.iter().map(|v| v.to_bits())),
-                        _ => panic!("an element type this test does not know"),
-                    }
-                }
-            }
-            bits
-        })
-        .collect()
-}
-
-/// Everything observable about a session.
-#[derive(Debug, PartialEq)]
-struct Snapshot {
-    tokens: Vec<u32>,
-    len: usize,
-    capacity: usize,
-    bytes: usize,
-    rows: Vec<Vec<u32>>,
-}
-
-fn snapshot<K: KvStore>(s: &Session<K>) -> Snapshot {
-    Snapshot {
-        tokens: s.tokens().to_vec(),
-        len: s.kv().len(),
-        capacity: s.kv().capacity(),
-        bytes: s.kv().bytes(),
-        rows: rows(s.kv()),
-    }
-}
-
 /// Restores `bytes` into `target`, asserting that it fails and changes nothing.
 fn fails<B: Backend, K: KvStore>(
     model: &Llama<B>,
@@ -126,14 +87,6 @@ fn fails<B: Backend, K: KvStore>(
         "a failed restore ({err}) changed the session"
     );
     err
-}
-
-/// Rewrites the trailing checksum so that only the edited field is wrong.
-fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
-    let n = bytes.len() - 32;
-    let digest = Sha256::digest(&bytes[..n]);
-    bytes[n..].copy_from_slice(&digest);
-    bytes
 }
 
 fn put_u64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {

@@ -79,7 +79,7 @@ const MIN_LEN: u64 = HEADER_LEN + CHECKSUM_LEN;
 #[non_exhaustive]
 pub enum SessionError {
     /// Reading or writing failed (the path, when there is one).
-    #[error("session file{}: {source}", path_suffix(path))]
+    #[error("I/O error on session file{}", path_suffix(path))]
     Io {
         /// The file.
         path: Option<PathBuf>,
