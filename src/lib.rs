@@ -24,4 +24,4 @@ pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvVi
 /// The array crate of kvcore's public signatures (attention's operands, the KV views),
 /// re-exported so callers use the same version.
 pub use ndarray;
-pub use session::{Prefill, Session};
+pub use session::{Prefill, Session, SessionError};

@@ -1,5 +1,5 @@
-//! Replays the committed corpora of the `gguf_parse`, `gguf_model` and `tokenizer` fuzz
-//! targets on stable Rust, through the very check functions the targets run (the files
+//! Replays the committed corpora of the `gguf_parse`, `gguf_model`, `tokenizer` and
+//! `session_load` fuzz targets on stable Rust, through the very check functions the targets run (the files
 //! under `fuzz/checks/`, included here with `#[path]`). An empty or missing corpus
 //! directory fails, and so does a missing SmolLM2 file (the tokenizer corpus runs on it).
 //!
@@ -9,16 +9,20 @@
 mod gguf_model;
 #[path = "../fuzz/checks/gguf_parse.rs"]
 mod gguf_parse;
+#[path = "../fuzz/checks/session_load.rs"]
+mod session_load;
 #[path = "../fuzz/checks/tokenizer.rs"]
 mod tokenizer;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kvcore::DType;
 use kvcore::gguf::GgufFile;
 use kvcore::gguf::{GgufWriter, Value};
+use kvcore::model::Llama;
 use kvcore::tokenizer::Tokenizer;
+use kvcore::{DType, GrowKv, Session};
+use kvcore_scalar::Scalar;
 use kvcore_test_support::tiny::TinyLlama;
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -70,6 +74,14 @@ fn tokenizer_corpus_replays() {
     let real = tokenizer::Vocab::new(Tokenizer::from_gguf(&file).expect("SmolLM2 tokenizer"));
     replay("tokenizer", |data| {
         tokenizer::check_tokenizer(data, Some(&real))
+    });
+}
+
+#[test]
+fn session_load_corpus_replays() {
+    let fixture = session_load::Fixture::build();
+    replay("session_load", |data| {
+        session_load::check_session_load(data, &fixture)
     });
 }
 
@@ -225,7 +237,85 @@ fn tokenizer_seeds() -> Vec<(String, Vec<u8>)> {
     seeds
 }
 
-/// Regenerates the synthetic seeds of the three corpora (files libFuzzer added, named
+/// Session files for the `session_load` fixture model: valid ones (empty, short, long
+/// enough to grow the store, with a blob, one past the context), one file of another
+/// model, and edits of a valid one that hit each check.
+fn session_load_seeds() -> Vec<(String, Vec<u8>)> {
+    use kvcore_test_support::session::reseal;
+    let fx = session_load::Fixture::build();
+    let model = &fx.model;
+    let file = |ids: &[u32], meta: &[u8]| {
+        let mut s = Session::new(
+            GrowKv::new(model.kv_geometry(), model.config().context_len).expect("a store"),
+        );
+        if !ids.is_empty() {
+            s.prefill(model, ids).expect("a prefill");
+        }
+        let mut out = Vec::new();
+        s.write_to(model, meta, &mut out).expect("a session file");
+        out
+    };
+    let ids: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 16).collect();
+    let mut seeds = vec![
+        ("empty".to_string(), file(&[], b"")),
+        ("one_token".into(), file(&[9], b"")),
+        (
+            "five_tokens_meta".into(),
+            file(&ids[..5], b"{\"messages\":[]}"),
+        ),
+        ("twenty_tokens".into(), file(&ids, b"")),
+        ("rejected_meta".into(), file(&ids[..3], b"!no")),
+    ];
+    let full: Vec<u32> = (0..40).map(|i| i % 16).collect();
+    seeds.push(("full_context".into(), file(&full, b"")));
+    let other = {
+        let mut tiny = session_load::model_config();
+        tiny.seed += 1;
+        let m = Llama::load(
+            GgufFile::from_bytes(tiny.to_gguf()).expect("valid"),
+            Scalar::new(),
+        )
+        .expect("loadable");
+        let mut s = Session::new(m.new_grow_kv(40).expect("a store"));
+        s.prefill(&m, &ids[..4]).expect("a prefill");
+        let mut out = Vec::new();
+        s.write_to(&m, b"", &mut out).expect("a session file");
+        out
+    };
+    seeds.push(("other_model".into(), other));
+    let good = file(&ids[..6], b"meta");
+    let put = |at: usize, bytes: &[u8]| reseal(patched(good.clone(), at, bytes));
+    // Offsets from docs/session-format.md; the first layer starts after 6 ids and 4
+    // bytes of blob.
+    let layer0 = 80 + 4 * 6 + 4;
+    let edits: Vec<(&str, Vec<u8>)> = vec![
+        ("bad_magic", put(0, b"GGUF")),
+        ("version_2", put(8, &[2])),
+        ("reserved_flags", put(12, &[1])),
+        ("reserved_tail", put(62, &[0, 1])),
+        ("geometry_reshaped", put(52, &[2, 0, 0, 0, 2, 0, 0, 0])),
+        ("geometry_layers", put(48, &[3])),
+        ("unknown_k_type", put(60, &[5])),
+        ("n_tokens_huge", put(64, &[0xff; 8])),
+        ("n_tokens_large", put(64, &[0, 0, 0, 0, 0, 4, 0, 0])),
+        ("n_tokens_one_more", put(64, &[7])),
+        ("meta_len_huge", put(72, &[0xff; 8])),
+        ("token_out_of_vocab", put(80, &[16])),
+        ("layer_start_shifted", put(layer0, &[1])),
+        ("layer_count_short", put(layer0 + 8, &[5])),
+        ("truncated_header", good[..50].to_vec()),
+        ("truncated_rows", good[..good.len() - 40].to_vec()),
+        ("trailing_byte", [&good[..], &[0]].concat()),
+        (
+            "row_byte_changed",
+            patched(good.clone(), layer0 + 20, &[0x40]),
+        ),
+    ];
+    seeds.extend(edits.into_iter().map(|(n, b)| (n.to_string(), b)));
+    seeds
+}
+
+/// Regenerates the synthetic seeds of the four corpora (files libFuzzer added, named
 /// by their hash, are left alone).
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand, see FUZZING.md"]
@@ -234,6 +324,7 @@ fn write_seed_corpora() {
         ("gguf_parse", gguf_parse_seeds()),
         ("gguf_model", gguf_model_seeds()),
         ("tokenizer", tokenizer_seeds()),
+        ("session_load", session_load_seeds()),
     ] {
         let dir = corpus_dir(target);
         fs::create_dir_all(&dir).expect("create the corpus directory");

@@ -1,12 +1,14 @@
 //! The subcommands: load what they need, run, print.
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
-use crate::{BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, TokenizeArgs};
+use crate::{
+    BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, SamplingArgs, StoreArgs, TokenizeArgs,
+};
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
 use kvcore::model::{self, Activations, Generation, Llama, Sampler, Sampling};
-use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use kvcore::{Backend, DenseKv, GrowKv, KvStore, Session};
 use kvcore_fetch as fetch;
 use std::io::Write;
@@ -25,7 +27,7 @@ fn open(path: &Path) -> anyhow::Result<GgufFile> {
     GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
 }
 
-fn threads(m: &ModelArgs) -> anyhow::Result<usize> {
+pub fn threads(m: &ModelArgs) -> anyhow::Result<usize> {
     match m.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => {
@@ -144,44 +146,186 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
-    if a.ctx == Some(0) {
-        bail!("--ctx must be at least 1");
+impl SamplingArgs {
+    /// The sampler the flags describe: greedy unless `--temp` is given.
+    pub fn sampler(&self) -> anyhow::Result<Sampler> {
+        let sampling = match self.temp {
+            Some(temperature) if !self.greedy => Sampling::Random {
+                temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            _ => Sampling::Greedy,
+        };
+        Ok(Sampler::new(sampling)?)
     }
-    let sampling = match a.temp {
-        Some(temperature) if !a.greedy => Sampling::Random {
-            temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            seed: a.seed,
-        },
-        _ => Sampling::Greedy,
-    };
-    let sampler = Sampler::new(sampling)?;
+}
+
+impl StoreArgs {
+    /// `--ctx` checked against the model's trained context (the default).
+    pub fn max_ctx<B: Backend>(&self, model: &Llama<B>) -> anyhow::Result<usize> {
+        let trained = model.config().context_len;
+        let max_ctx = self.ctx.unwrap_or(trained);
+        if max_ctx > trained {
+            bail!("--ctx {max_ctx} exceeds the model's trained context of {trained} positions");
+        }
+        Ok(max_ctx)
+    }
+
+    /// An empty store of the kind `--kv` names for `model`, holding up to `max_ctx`
+    /// positions (a trait object: the one place the store is chosen at run time).
+    pub fn new_store<B: Backend>(
+        &self,
+        model: &Llama<B>,
+        max_ctx: usize,
+    ) -> anyhow::Result<Box<dyn KvStore>> {
+        let geometry = model.kv_geometry();
+        Ok(match self.kv {
+            KvChoice::Grow => Box::new(GrowKv::new(geometry, max_ctx)?),
+            KvChoice::Dense => Box::new(DenseKv::new(geometry, max_ctx)?),
+        })
+    }
+
+    /// Refuses `--ctx 0` before anything is loaded.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.ctx == Some(0) {
+            bail!("--ctx must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// What `generate` and `chat` load before choosing a backend: the model file, its
+/// tokenizer and its chat template.
+pub struct TextModel {
+    pub file: GgufFile,
+    pub tok: Tokenizer,
+    pub template: Option<ChatTemplate>,
+}
+
+impl TextModel {
+    /// Opens the model `m` names and reads its tokenizer and chat template.
+    pub fn open(m: &ModelArgs) -> anyhow::Result<TextModel> {
+        let file = open(&model_path(&m.model)?)?;
+        let tok = Tokenizer::from_gguf(&file)?;
+        let template = ChatTemplate::from_gguf(&file)?;
+        Ok(TextModel {
+            file,
+            tok,
+            template,
+        })
+    }
+
+    /// The chat template, or an error saying there is none.
+    pub fn template(&self) -> anyhow::Result<&ChatTemplate> {
+        self.template.as_ref().context(NO_TEMPLATE)
+    }
+
+    /// The chat template, owned, or an error saying there is none.
+    pub fn into_template(self) -> anyhow::Result<(GgufFile, Tokenizer, ChatTemplate)> {
+        let template = self.template.context(NO_TEMPLATE)?;
+        Ok((self.file, self.tok, template))
+    }
+}
+
+const NO_TEMPLATE: &str = "the model has no chat template (tokenizer.chat_template); use --raw";
+
+/// The ids of `text` with the BOS the model asks for.
+pub fn prompt_ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
+    let mut ids = Vec::new();
+    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
+        ids.push(bos);
+    }
+    ids.extend(tok.encode(text));
+    ids
+}
+
+/// Loads the weights onto backend `b` with the activations `m` asks for.
+pub fn load_model<B: Backend>(file: GgufFile, b: B, m: &ModelArgs) -> anyhow::Result<Llama<B>> {
+    Ok(Llama::load(file, b)?.with_activations(m.activations))
+}
+
+/// Streams generated text to stdout as complete UTF-8, skipping stop tokens; the first
+/// write error is kept for [`finish`](TextStream::finish).
+pub struct TextStream<'t> {
+    tok: &'t Tokenizer,
+    stream: StreamDecoder<'t>,
+    error: Option<std::io::Error>,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tok: &'t Tokenizer) -> Self {
+        TextStream {
+            tok,
+            stream: tok.stream(),
+            error: None,
+        }
+    }
+
+    /// Prints what token `id` completes.
+    pub fn push(&mut self, id: u32) {
+        if self.tok.is_stop(id) {
+            return;
+        }
+        // Ids are in range (sampled from the vocabulary).
+        if let Ok(piece) = self.stream.push(id) {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Prints the rest and a newline; the first write error, if any.
+    pub fn finish(self) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(self.stream.finish().as_bytes())?;
+        writeln!(out)?;
+        out.flush()?;
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+/// The generated ids that are not stop tokens, and their text.
+pub fn shown_text(tok: &Tokenizer, tokens: &[u32]) -> anyhow::Result<String> {
+    let shown: Vec<u32> = tokens
+        .iter()
+        .copied()
+        .filter(|&id| !tok.is_stop(id))
+        .collect();
+    Ok(tok.decode(&shown)?)
+}
+
+/// The outcome of [`model::generate`] as what was generated and the error that stopped
+/// it, if any.
+pub fn split_result(
+    result: Result<Generation, Box<GenerateError>>,
+) -> (Generation, Option<kvcore::model::ModelError>) {
+    match result {
+        Ok(g) => (g, None),
+        Err(e) => {
+            let GenerateError { source, partial } = *e;
+            (partial, Some(source))
+        }
+    }
+}
+
+pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    a.store.check()?;
+    let sampler = a.sampling.sampler()?;
     let threads = threads(&a.model)?;
-    let file = open(&model_path(&a.model.model)?)?;
-    let tok = Tokenizer::from_gguf(&file)?;
+    let text_model = TextModel::open(&a.model)?;
     let text = if a.raw {
         a.prompt.clone()
     } else {
-        let template = ChatTemplate::from_gguf(&file)?
-            .context("the model has no chat template (tokenizer.chat_template); use --raw")?;
-        template.render(
-            &[ChatMessage {
-                role: "user".into(),
-                content: a.prompt.clone(),
-            }],
-            true,
-        )?
+        text_model
+            .template()?
+            .render(&[ChatMessage::new("user", a.prompt.clone())], true)?
     };
-    let mut prompt = Vec::new();
-    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
-        prompt.push(bos);
-    }
-    prompt.extend(tok.encode(&text));
+    let prompt = prompt_ids(&text_model.tok, &text);
     let job = GenerateJob {
-        file,
-        tok,
+        text_model,
         prompt,
         sampler,
         args: a,
@@ -190,8 +334,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
 }
 
 struct GenerateJob {
-    file: GgufFile,
-    tok: Tokenizer,
+    text_model: TextModel,
     prompt: Vec<u32>,
     sampler: Sampler,
     args: GenerateArgs,
@@ -200,140 +343,97 @@ struct GenerateJob {
 impl Job for GenerateJob {
     type Output = ExitCode;
     fn run<B: Backend>(self, b: B) -> anyhow::Result<ExitCode> {
-        let model = Llama::load(self.file, b)?.with_activations(self.args.model.activations);
-        let trained = model.config().context_len;
-        let max_ctx = self.args.ctx.unwrap_or(trained);
-        if max_ctx > trained {
-            bail!("--ctx {max_ctx} exceeds the model's trained context of {trained} positions");
-        }
-        if self.prompt.len() > max_ctx {
+        let GenerateJob {
+            text_model: TextModel { file, tok, .. },
+            prompt,
+            mut sampler,
+            args,
+        } = self;
+        let model = load_model(file, b, &args.model)?;
+        let max_ctx = args.store.max_ctx(&model)?;
+        if prompt.len() > max_ctx {
             bail!(
                 "the prompt is {} tokens, longer than the context of {max_ctx} positions (--ctx)",
-                self.prompt.len()
+                prompt.len()
             );
         }
-        let geometry = model.kv_geometry();
-        match self.args.kv {
-            KvChoice::Grow => {
-                let kv = GrowKv::new(geometry, max_ctx)?;
-                run_generation(
-                    &model,
-                    kv,
-                    &self.tok,
-                    &self.prompt,
-                    self.sampler,
-                    &self.args,
-                )
-            }
-            KvChoice::Dense => {
-                let kv = DenseKv::new(geometry, max_ctx)?;
-                run_generation(
-                    &model,
-                    kv,
-                    &self.tok,
-                    &self.prompt,
-                    self.sampler,
-                    &self.args,
-                )
-            }
+        let mut session = Session::new(args.store.new_store(&model, max_ctx)?);
+        if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
+            session
+                .restore(&model, path)
+                .with_context(|| format!("cannot load session {}", path.display()))?;
+        }
+        let mut stream = (!args.json).then(|| TextStream::new(&tok));
+        let result = model::generate(
+            &model,
+            &mut session,
+            &prompt,
+            args.n,
+            &mut sampler,
+            |id| tok.is_stop(id),
+            |id| {
+                if let Some(s) = stream.as_mut() {
+                    s.push(id);
+                }
+            },
+        );
+        let (generation, failure) = split_result(result);
+        if let (None, Some(path)) = (&failure, &args.session) {
+            session
+                .save(&model, path)
+                .with_context(|| format!("cannot save session {}", path.display()))?;
+        }
+        if let Some(stream) = stream {
+            stream.finish()?;
+            print_stats(&generation, session.kv(), model.activations());
+        } else {
+            let json = serde_json::json!({
+                "prompt_tokens": prompt,
+                "tokens": generation.tokens,
+                "text": shown_text(&tok, &generation.tokens)?,
+                "stopped": generation.stopped,
+                "error": failure.as_ref().map(|e| e.to_string()),
+                "stats": stats_json(&generation, session.kv(), model.activations()),
+            });
+            writeln!(std::io::stdout().lock(), "{json}")?;
+        }
+        match failure {
+            None => Ok(ExitCode::SUCCESS),
+            Some(e) => Err(anyhow::Error::new(e).context(format!(
+                "generation stopped after {} tokens",
+                generation.tokens.len()
+            ))),
         }
     }
 }
 
-fn run_generation<B: Backend, K: KvStore>(
-    model: &Llama<B>,
-    kv: K,
-    tok: &Tokenizer,
-    prompt: &[u32],
-    mut sampler: Sampler,
-    args: &GenerateArgs,
-) -> anyhow::Result<ExitCode> {
-    let mut session = Session::new(kv);
-    let mut stream = tok.stream();
-    let mut stdout = std::io::stdout().lock();
-    let mut write_err = None;
-    let result = model::generate(
-        model,
-        &mut session,
-        prompt,
-        args.n,
-        &mut sampler,
-        |id| tok.is_stop(id),
-        |id| {
-            if args.json || tok.is_stop(id) {
-                return;
-            }
-            // Stream only complete UTF-8; ids are in range (sampled from the vocabulary).
-            if let Ok(piece) = stream.push(id) {
-                if let Err(e) = stdout
-                    .write_all(piece.as_bytes())
-                    .and_then(|_| stdout.flush())
-                {
-                    write_err.get_or_insert(e);
-                }
-            }
-        },
-    );
-    let (generation, failure) = match result {
-        Ok(g) => (g, None),
-        Err(e) => {
-            let GenerateError { source, partial } = *e;
-            (partial, Some(source))
-        }
-    };
-    if !args.json {
-        let tail = stream.finish();
-        stdout.write_all(tail.as_bytes())?;
-        writeln!(stdout)?;
-        stdout.flush()?;
-        if let Some(e) = write_err {
-            return Err(e.into());
-        }
-        print_stats(&generation, session.kv(), model.activations());
-    } else {
-        let shown: Vec<u32> = generation
-            .tokens
-            .iter()
-            .copied()
-            .filter(|&id| !tok.is_stop(id))
-            .collect();
-        let s = &generation.stats;
-        let json = serde_json::json!({
-            "prompt_tokens": prompt,
-            "tokens": generation.tokens,
-            "text": tok.decode(&shown)?,
-            "stopped": generation.stopped,
-            "error": failure.as_ref().map(|e| e.to_string()),
-            "stats": {
-                "ttft_ms": s.ttft.as_secs_f64() * 1e3,
-                "prefill_tok_s": s.prefill_tok_s(),
-                "decode_tok_s": s.decode_tok_s(),
-                "kv_bytes": s.kv_bytes,
-                "kv_capacity": s.kv_capacity,
-                "kv_dense_bytes": dense_bytes(session.kv()),
-                "peak_rss_bytes": peak_rss_bytes(),
-                "backend": s.backend,
-                "threads": s.threads,
-                "activations": model.activations().name(),
-                "prompt_token_count": s.prompt_tokens,
-                "reused_tokens": s.reused_tokens,
-                "prefilled_tokens": s.prefilled_tokens,
-                "generated_token_count": s.generated_tokens,
-            }
-        });
-        writeln!(stdout, "{json}")?;
-    }
-    match failure {
-        None => Ok(ExitCode::SUCCESS),
-        Some(e) => Err(anyhow::Error::new(e).context(format!(
-            "generation stopped after {} tokens",
-            generation.tokens.len()
-        ))),
-    }
+/// The `stats` object of `--json` output (`generate` and every `chat` turn).
+pub fn stats_json<K: KvStore + ?Sized>(
+    g: &Generation,
+    kv: &K,
+    acts: Activations,
+) -> serde_json::Value {
+    let s = &g.stats;
+    serde_json::json!({
+        "ttft_ms": s.ttft.as_secs_f64() * 1e3,
+        "prefill_tok_s": s.prefill_tok_s(),
+        "decode_tok_s": s.decode_tok_s(),
+        "kv_bytes": s.kv_bytes,
+        "kv_capacity": s.kv_capacity,
+        "kv_dense_bytes": dense_bytes(kv),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "backend": s.backend,
+        "threads": s.threads,
+        "activations": acts.name(),
+        "prompt_token_count": s.prompt_tokens,
+        "reused_tokens": s.reused_tokens,
+        "prefilled_tokens": s.prefilled_tokens,
+        "generated_token_count": s.generated_tokens,
+    })
 }
 
 /// What a dense store of the same geometry would hold: `2 · layers · max_ctx · kv_dim · 4`.
-fn dense_bytes<K: KvStore>(kv: &K) -> usize {
+fn dense_bytes<K: KvStore + ?Sized>(kv: &K) -> usize {
     let g = kv.geometry();
     2 * g.n_layers * kv.max_ctx() * g.kv_dim() * std::mem::size_of::<f32>()
 }
@@ -346,12 +446,17 @@ pub fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-fn print_stats<K: KvStore>(g: &Generation, kv: &K, acts: Activations) {
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
     let s = &g.stats;
-    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     eprintln!(
-        "[{} prompt + {} generated tokens | ttft {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s]",
+        "[{} prompt ({} reused, {} prefilled) + {} generated tokens | ttft {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s]",
         s.prompt_tokens,
+        s.reused_tokens,
+        s.prefilled_tokens,
         s.generated_tokens,
         s.ttft.as_secs_f64() * 1e3,
         s.prefill_tok_s(),
@@ -367,6 +472,19 @@ fn print_stats<K: KvStore>(g: &Generation, kv: &K, acts: Activations) {
         s.backend,
         s.threads,
         acts.name()
+    );
+}
+
+/// The per-turn stats line of `chat`.
+pub fn print_turn_stats(turn: usize, g: &Generation) {
+    let s = &g.stats;
+    eprintln!(
+        "[turn {turn} | {} positions reused, {} prefilled | ttft {:.1} ms | decode {:.1} tok/s | kv {:.2} MiB]",
+        s.reused_tokens,
+        s.prefilled_tokens,
+        s.ttft.as_secs_f64() * 1e3,
+        s.decode_tok_s(),
+        mib(s.kv_bytes)
     );
 }
 

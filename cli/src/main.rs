@@ -1,10 +1,12 @@
-//! `kvcore`: generate text, tokenize, embed and inspect GGUF models from the command line.
+//! `kvcore`: generate text, chat, tokenize, embed and inspect GGUF models from the
+//! command line.
 //!
-//! Text streams to stdout and statistics go to stderr; `--json` prints one JSON object
+//! Text streams to stdout and statistics go to stderr; `--json` prints JSON objects
 //! instead. Every error is one line on stderr and a non-zero exit status.
 
 mod backends;
 mod bench;
+mod chat;
 mod commands;
 
 use backends::{BackendChoice, KvChoice, parse_activations};
@@ -25,6 +27,9 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Generate(GenerateArgs),
+    /// Chat with the model in the terminal, one user turn per line of stdin (Ctrl-D
+    /// ends; /help lists the commands).
+    Chat(ChatArgs),
     /// Print the token ids of TEXT (special tokens are parsed, no BOS is added).
     // `[MODEL] TEXT`: one positional is TEXT, two are MODEL TEXT.
     #[command(allow_missing_positional = true)]
@@ -56,16 +61,9 @@ struct ModelArgs {
     activations: Activations,
 }
 
+/// How the next token is chosen (shared by `generate` and `chat`).
 #[derive(Args, Debug)]
-struct GenerateArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// The prompt (a user message, wrapped in the model's chat template unless --raw).
-    #[arg(short = 'p', long)]
-    prompt: String,
-    /// Maximum number of tokens to generate (0: process the prompt only).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n: usize,
+struct SamplingArgs {
     /// Always pick the most likely token (the default when no --temp is given).
     #[arg(long, conflicts_with_all = ["temp", "top_k", "top_p"])]
     greedy: bool,
@@ -81,18 +79,64 @@ struct GenerateArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// The KV store a run keeps its positions in (shared by `generate` and `chat`).
+#[derive(Args, Debug)]
+struct StoreArgs {
     /// KV store: grow (on demand) or dense (preallocated).
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
     /// Context size in positions [default: the model's trained context].
     #[arg(short = 'c', long)]
     ctx: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The prompt (a user message, wrapped in the model's chat template unless --raw).
+    #[arg(short = 'p', long)]
+    prompt: String,
+    /// Maximum number of tokens to generate (0: process the prompt only).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n: usize,
     /// Use the prompt as-is, without the chat template.
     #[arg(long)]
     raw: bool,
     /// Print one JSON object (ids, text, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Session file (llama.cpp's --prompt-cache): loaded first when it exists (a file
+    /// that does not load is an error), its positions reused for the prompt's common
+    /// prefix, and written back after the run.
+    #[arg(long, value_name = "FILE")]
+    session: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Maximum number of tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    n: usize,
+    /// Print one JSON object per turn (text, tokens, stats) instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Re-run the whole conversation every turn instead of reusing the cached positions
+    /// it shares with the last one (for measurements).
+    #[arg(long)]
+    no_reuse: bool,
 }
 
 #[derive(Args, Debug)]
@@ -180,6 +224,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Generate(a) => commands::generate(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => commands::tokenize(a),
         Command::Embed(a) => commands::embed(a),
         Command::Info(a) => commands::info(a),

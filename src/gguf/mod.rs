@@ -27,9 +27,11 @@ pub use value::Value;
 pub use writer::GgufWriter;
 
 use crate::backend::{DType, Weights};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
+use std::sync::OnceLock;
 
 /// `general.alignment` when the file does not set it.
 pub const DEFAULT_ALIGNMENT: usize = 32;
@@ -66,6 +68,8 @@ pub struct GgufFile {
     keys: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     names: HashMap<String, usize>,
+    /// SHA-256 of `bytes`, computed on first use.
+    fingerprint: OnceLock<[u8; 32]>,
 }
 
 impl GgufFile {
@@ -110,6 +114,7 @@ impl GgufFile {
             keys: p.keys,
             tensors: p.tensors,
             names: p.names,
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -131,6 +136,15 @@ impl GgufFile {
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         (*self.bytes).as_ref()
+    }
+
+    /// The file's identity: the SHA-256 of all its bytes (header, metadata, tensor table
+    /// and tensor data), so two files that differ anywhere, even in one weight of the same
+    /// shapes, have different fingerprints. Computed on the first call (one pass over the
+    /// file) and cached.
+    pub fn fingerprint(&self) -> &[u8; 32] {
+        self.fingerprint
+            .get_or_init(|| Sha256::digest(self.bytes()).into())
     }
 
     /// Every metadata entry, in file order.

@@ -195,6 +195,12 @@ impl<B: Backend> Llama<B> {
         &self.file
     }
 
+    /// The identity of the model file: [`GgufFile::fingerprint`], the SHA-256 of its
+    /// bytes (computed on first use). Session files record it.
+    pub fn fingerprint(&self) -> &[u8; 32] {
+        self.file.fingerprint()
+    }
+
     /// The compute backend.
     pub fn backend(&self) -> &B {
         &self.backend

@@ -8,7 +8,8 @@
 //! - [`faults`]: fault injection (a backend that fails its `k`-th kernel call, an
 //!   allocation gate that refuses the `k`-th allocation);
 //! - [`conformance`]: the backend conformance suite, which any backend runs with one
-//!   [`conformance_suite!`] invocation in its tests.
+//!   [`conformance_suite!`] invocation in its tests;
+//! - [`session`]: snapshots of sessions and consistent edits of session files.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -16,4 +17,5 @@
 pub mod conformance;
 pub mod faults;
 pub mod kv_diff;
+pub mod session;
 pub mod tiny;

@@ -1,0 +1,847 @@
+//! Session files: a [`Session`]'s token ids and KV rows on disk, so a conversation
+//! survives the process (llama.cpp's `--prompt-cache`).
+//!
+//! ## The format (version 1)
+//! Little-endian throughout; `docs/session-format.md` gives every offset.
+//!
+//! ```text
+//! header  [80]   magic "KVCSESS\0", version u32 = 1, reserved u32 = 0,
+//!                model fingerprint [32] (SHA-256 of the model file),
+//!                n_layers, n_kv_heads, head_dim: u32 each,
+//!                K type code u8, V type code u8 (KvType::code), reserved u16 = 0,
+//!                n_tokens u64, meta_len u64
+//! tokens  [n_tokens] u32
+//! meta    [meta_len] bytes            (opaque to kvcore: the application's blob)
+//! layers  [n_layers] of: start u64, count u64,
+//!                        K rows [count, kv_dim], V rows [count, kv_dim]  (f32 today)
+//! sha256  [32]   over every byte before it
+//! ```
+//!
+//! A layer records the positions it holds (`start .. start + count`) so that a store
+//! whose layers keep only a window of recent positions can use the same format; this
+//! version writes and accepts only `start = 0, count = n_tokens`.
+//!
+//! ## Writing
+//! [`Session::save`] streams the header, ids, blob and every layer's rows (taken from the
+//! store's views) through SHA-256 into a temporary file beside the target, appends the
+//! digest, syncs, and renames it over the target: the target's name never holds a
+//! half-written file.
+//!
+//! ## Reading
+//! [`Session::restore`] streams too (no whole-file buffer), checking in this order, each
+//! failure a [`SessionError`] of its own:
+//! 1. magic, version, reserved fields, element type codes;
+//! 2. the exact length the counts imply (checked arithmetic) against the real length,
+//!    before anything sized by a count is allocated;
+//! 3. the model fingerprint, the geometry and the element types against the model and
+//!    the target store;
+//! 4. then one append for all positions on the store ([`Append`]), and as the bytes
+//!    arrive: every id against the vocabulary, every layer's span, the rows written one
+//!    layer at a time; the checksum at the end; the application's check of its blob.
+//!
+//! Only then is the append committed and the session's ids replaced. Any failure drops
+//! the append, which rolls the store back: the session is exactly as it was. (A flipped
+//! bit in the header may therefore surface as the error of the field it lands in, e.g.
+//! [`SessionError::ModelMismatch`], rather than as [`SessionError::ChecksumMismatch`].)
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ndarray::ArrayView2;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::Session;
+use crate::backend::Backend;
+use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType};
+use crate::model::Llama;
+
+/// The first 8 bytes of every session file.
+pub const MAGIC: [u8; 8] = *b"KVCSESS\0";
+
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// Bytes of the fixed header.
+const HEADER_LEN: u64 = 80;
+/// Bytes of the trailing SHA-256.
+const CHECKSUM_LEN: u64 = 32;
+/// Bytes of a layer's `start, count` before its rows.
+const LAYER_HEADER_LEN: u64 = 16;
+/// The shortest possible file: a header and the checksum.
+const MIN_LEN: u64 = HEADER_LEN + CHECKSUM_LEN;
+
+/// Why a session could not be saved or restored. A restore that fails leaves the session
+/// exactly as it was.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// Reading or writing failed (the path, when there is one).
+    #[error("I/O error on session file{}", path_suffix(path))]
+    Io {
+        /// The file.
+        path: Option<PathBuf>,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The file does not start with [`MAGIC`].
+    #[error("not a kvcore session file (bad magic)")]
+    NotASessionFile,
+    /// A format version this build does not read.
+    #[error(
+        "session file format version {found} is not supported (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// The file's version.
+        found: u32,
+        /// The version this build reads, [`VERSION`].
+        supported: u32,
+    },
+    /// A reserved header field is not zero (a feature of a newer writer).
+    #[error("session file header: reserved field at byte {offset} is {value:#x}, must be 0")]
+    Reserved {
+        /// Byte offset of the field.
+        offset: u64,
+        /// Its value.
+        value: u32,
+    },
+    /// An element type code no [`KvType`] has.
+    #[error("session file: unknown {which} element type code {code}")]
+    UnknownKvType {
+        /// `"K"` or `"V"`.
+        which: &'static str,
+        /// The code.
+        code: u8,
+    },
+    /// A count so large that the length it implies overflows (or does not fit this
+    /// platform's `usize`).
+    #[error("session file: {field} is too large to describe a file")]
+    CountOverflow {
+        /// The field (`n_tokens`, `meta_len`, `row size`).
+        field: &'static str,
+    },
+    /// The file is shorter than its header's counts say: cut short, or a count claims
+    /// more than the file holds (the two look alike before the checksum at the end).
+    #[error("session file is truncated: its header declares {declared} bytes, it has {actual}")]
+    Truncated {
+        /// The length the header implies.
+        declared: u64,
+        /// The bytes present.
+        actual: u64,
+    },
+    /// The file is longer than its header's counts say.
+    #[error(
+        "session file has trailing bytes: its header declares {declared} bytes, it has {actual}"
+    )]
+    TrailingBytes {
+        /// The length the header implies.
+        declared: u64,
+        /// The bytes present.
+        actual: u64,
+    },
+    /// The trailing SHA-256 is not that of the bytes before it.
+    #[error(
+        "session file checksum mismatch (stored {}, computed {}): the file is corrupt",
+        hex(stored),
+        hex(computed)
+    )]
+    ChecksumMismatch {
+        /// The digest the file ends with.
+        stored: [u8; 32],
+        /// The digest of its contents.
+        computed: [u8; 32],
+    },
+    /// The file was saved with another model.
+    #[error(
+        "session file is for another model (its fingerprint {}, this model's {})",
+        hex(found),
+        hex(expected)
+    )]
+    ModelMismatch {
+        /// This model's fingerprint.
+        expected: [u8; 32],
+        /// The file's.
+        found: [u8; 32],
+    },
+    /// The file's (or the target store's) KV geometry is not the model's.
+    #[error("session file KV geometry {found:?} does not match the model's {expected:?}")]
+    GeometryMismatch {
+        /// The model's.
+        expected: KvGeometry,
+        /// The file's (or the store's).
+        found: KvGeometry,
+    },
+    /// The file's element types are not the target store's.
+    #[error("session file holds {}/{} K/V rows, the store keeps {}/{}", found.0, found.1, expected.0, expected.1)]
+    KvTypeMismatch {
+        /// The store's K and V types.
+        expected: (KvType, KvType),
+        /// The file's.
+        found: (KvType, KvType),
+    },
+    /// A token id outside the model's vocabulary.
+    #[error(
+        "session file: token id {id} at position {position} is outside the vocabulary of {vocab_size}"
+    )]
+    TokenOutOfVocab {
+        /// The position.
+        position: usize,
+        /// The id.
+        id: u32,
+        /// Tokens in the vocabulary.
+        vocab_size: usize,
+    },
+    /// A layer whose positions are not `0 .. n_tokens`, the only span this version reads
+    /// and writes.
+    #[error(
+        "session layer {layer} holds positions {start}..{start}+{count}, expected 0..{n_tokens}"
+    )]
+    LayerPositions {
+        /// The layer.
+        layer: usize,
+        /// Its first position.
+        start: u64,
+        /// Its positions.
+        count: u64,
+        /// The session's positions.
+        n_tokens: u64,
+    },
+    /// The application's check of the stored blob refused it.
+    #[error("session file metadata rejected: {reason}")]
+    MetaRejected {
+        /// Why.
+        reason: String,
+    },
+    /// The target store refused the positions (e.g. a context overflow against its
+    /// `max_ctx`, a refused allocation).
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}
+
+/// `" <path>"`, or nothing.
+fn path_suffix(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map(|p| format!(" {}", p.display()))
+        .unwrap_or_default()
+}
+
+/// Lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The decoded fixed header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Header {
+    fingerprint: [u8; 32],
+    /// `[n_layers, n_kv_heads, head_dim]` as stored.
+    geometry: [u32; 3],
+    types: (KvType, KvType),
+    n_tokens: u64,
+    meta_len: u64,
+}
+
+/// Sizes derived from a header, every one checked.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    geometry: KvGeometry,
+    n_tokens: usize,
+    meta_len: usize,
+    /// The exact file length.
+    file_len: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut h = [0u8; HEADER_LEN as usize];
+        h[0..8].copy_from_slice(&MAGIC);
+        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        // 12..16 reserved, zero.
+        h[16..48].copy_from_slice(&self.fingerprint);
+        for (i, v) in self.geometry.iter().enumerate() {
+            h[48 + 4 * i..52 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        h[60] = self.types.0.code();
+        h[61] = self.types.1.code();
+        // 62..64 reserved, zero.
+        h[64..72].copy_from_slice(&self.n_tokens.to_le_bytes());
+        h[72..80].copy_from_slice(&self.meta_len.to_le_bytes());
+        h
+    }
+
+    /// Reads and checks the header of a file of `len` bytes (everything but the model).
+    fn read<R: Read>(src: &mut Source<R>, len: u64) -> Result<(Header, Layout), SessionError> {
+        let mut h = [0u8; HEADER_LEN as usize];
+        let have = usize::try_from(len.min(HEADER_LEN)).unwrap_or(0);
+        src.read(&mut h[..have])?;
+        let magic = have.min(MAGIC.len());
+        if h[..magic] != MAGIC[..magic] {
+            return Err(SessionError::NotASessionFile);
+        }
+        let truncated = SessionError::Truncated {
+            declared: MIN_LEN,
+            actual: len,
+        };
+        if have < 12 {
+            return Err(truncated);
+        }
+        let version = u32_at(&h, 8);
+        if version != VERSION {
+            return Err(SessionError::UnsupportedVersion {
+                found: version,
+                supported: VERSION,
+            });
+        }
+        if have < HEADER_LEN as usize {
+            return Err(truncated);
+        }
+        for (offset, value) in [(12, u32_at(&h, 12)), (62, u32::from(u16_at(&h, 62)))] {
+            if value != 0 {
+                return Err(SessionError::Reserved { offset, value });
+            }
+        }
+        let kv_type = |which, code| {
+            KvType::from_code(code).ok_or(SessionError::UnknownKvType { which, code })
+        };
+        let header = Header {
+            fingerprint: {
+                let mut fp = [0u8; 32];
+                fp.copy_from_slice(&h[16..48]);
+                fp
+            },
+            geometry: [u32_at(&h, 48), u32_at(&h, 52), u32_at(&h, 56)],
+            types: (kv_type("K", h[60])?, kv_type("V", h[61])?),
+            n_tokens: u64_at(&h, 64),
+            meta_len: u64_at(&h, 72),
+        };
+        let layout = header.layout()?;
+        src.declared = layout.file_len;
+        if layout.file_len > len {
+            return Err(SessionError::Truncated {
+                declared: layout.file_len,
+                actual: len,
+            });
+        }
+        if layout.file_len < len {
+            return Err(SessionError::TrailingBytes {
+                declared: layout.file_len,
+                actual: len,
+            });
+        }
+        Ok((header, layout))
+    }
+
+    /// The exact file length and the sizes the header implies, with checked arithmetic.
+    fn layout(&self) -> Result<Layout, SessionError> {
+        let overflow = |field| SessionError::CountOverflow { field };
+        let [n_layers, n_kv_heads, head_dim] = self.geometry;
+        let geometry = KvGeometry {
+            n_layers: n_layers as usize,
+            n_kv_heads: n_kv_heads as usize,
+            head_dim: head_dim as usize,
+        };
+        let kv_dim = geometry
+            .n_kv_heads
+            .checked_mul(geometry.head_dim)
+            .ok_or(overflow("row size"))?;
+        let row_bytes = |t: KvType| t.row_bytes(kv_dim).map(|b| b as u64);
+        let position_bytes = row_bytes(self.types.0)
+            .zip(row_bytes(self.types.1))
+            .and_then(|(k, v)| k.checked_add(v))
+            .ok_or(overflow("row size"))?;
+        let layer_bytes = self
+            .n_tokens
+            .checked_mul(position_bytes)
+            .and_then(|rows| rows.checked_add(LAYER_HEADER_LEN))
+            .and_then(|layer| layer.checked_mul(u64::from(n_layers)))
+            .ok_or(overflow("n_tokens"))?;
+        let file_len = self
+            .n_tokens
+            .checked_mul(4)
+            .and_then(|tokens| tokens.checked_add(MIN_LEN))
+            .ok_or(overflow("n_tokens"))?
+            .checked_add(self.meta_len)
+            .ok_or(overflow("meta_len"))?
+            .checked_add(layer_bytes)
+            .ok_or(overflow("n_tokens"))?;
+        // Every buffer is at most the file's length: the counts fit in memory sizes once
+        // the file's length does.
+        let fits = |n: u64| {
+            usize::try_from(n)
+                .ok()
+                .filter(|_| file_len <= isize::MAX as u64)
+        };
+        Ok(Layout {
+            geometry,
+            n_tokens: fits(self.n_tokens).ok_or(overflow("n_tokens"))?,
+            meta_len: fits(self.meta_len).ok_or(overflow("meta_len"))?,
+            file_len,
+        })
+    }
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+/// The reading side: a reader, the SHA-256 of everything read through
+/// [`read`](Source::read), and the position for [`SessionError::Truncated`].
+struct Source<R> {
+    inner: R,
+    path: Option<PathBuf>,
+    hasher: Sha256,
+    pos: u64,
+    /// The file length the header declares ([`MIN_LEN`] until it is read).
+    declared: u64,
+}
+
+impl<R: Read> Source<R> {
+    fn new(inner: R, path: Option<&Path>) -> Self {
+        Source {
+            inner,
+            path: path.map(Path::to_path_buf),
+            hasher: Sha256::new(),
+            pos: 0,
+            declared: MIN_LEN,
+        }
+    }
+
+    /// Fills `buf` without hashing it; a short read is [`SessionError::Truncated`].
+    fn read_raw(&mut self, buf: &mut [u8]) -> Result<(), SessionError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.inner.read(&mut buf[got..]) {
+                Ok(0) => {
+                    return Err(SessionError::Truncated {
+                        declared: self.declared,
+                        actual: self.pos + got as u64,
+                    });
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(SessionError::Io {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        self.pos += got as u64;
+        Ok(())
+    }
+
+    /// Fills `buf` and hashes it.
+    fn read(&mut self, buf: &mut [u8]) -> Result<(), SessionError> {
+        self.read_raw(buf)?;
+        self.hasher.update(&*buf);
+        Ok(())
+    }
+
+    fn u64(&mut self) -> Result<u64, SessionError> {
+        let mut b = [0u8; 8];
+        self.read(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Reads `out.len()` little-endian u32s.
+    fn u32s(&mut self, out: &mut [u32]) -> Result<(), SessionError> {
+        self.read(bytemuck::cast_slice_mut(out))?;
+        out.iter_mut().for_each(|x| *x = u32::from_le(*x));
+        Ok(())
+    }
+
+    /// Reads `out.len()` little-endian f32s.
+    fn f32s(&mut self, out: &mut [f32]) -> Result<(), SessionError> {
+        self.read(bytemuck::cast_slice_mut(out))?;
+        out.iter_mut()
+            .for_each(|x| *x = f32::from_bits(u32::from_le(x.to_bits())));
+        Ok(())
+    }
+
+    /// Reads the stored checksum and compares it with the digest of everything before.
+    fn finish(mut self) -> Result<(), SessionError> {
+        let computed: [u8; 32] = self.hasher.finalize_reset().into();
+        let mut stored = [0u8; 32];
+        self.read_raw(&mut stored)?;
+        if stored == computed {
+            Ok(())
+        } else {
+            Err(SessionError::ChecksumMismatch { stored, computed })
+        }
+    }
+}
+
+/// The writing side: a writer and the SHA-256 of everything written.
+struct Sink<W> {
+    inner: W,
+    hasher: Sha256,
+    written: u64,
+    /// Staging for encoded rows.
+    buf: Vec<u8>,
+}
+
+/// Bytes staged before a write.
+const STAGING: usize = 1 << 16;
+
+impl<W: Write> Sink<W> {
+    fn new(inner: W) -> Self {
+        Sink {
+            inner,
+            hasher: Sha256::new(),
+            written: 0,
+            buf: Vec::with_capacity(STAGING),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.hasher.update(bytes);
+        self.written += bytes.len() as u64;
+        self.inner.write_all(bytes)
+    }
+
+    /// Writes f32 rows (any layout, in logical order) little-endian.
+    fn f32s<'a>(&mut self, values: impl Iterator<Item = &'a f32>) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.buf);
+        for v in values {
+            buf.extend_from_slice(&v.to_le_bytes());
+            if buf.len() >= STAGING {
+                self.write(&buf)?;
+                buf.clear();
+            }
+        }
+        let result = self.write(&buf);
+        buf.clear();
+        self.buf = buf;
+        result
+    }
+
+    /// Appends the digest of everything written; returns the file's length.
+    fn finish(mut self) -> io::Result<u64> {
+        let digest: [u8; 32] = self.hasher.finalize_reset().into();
+        self.inner.write_all(&digest)?;
+        self.inner.flush()?;
+        Ok(self.written + CHECKSUM_LEN)
+    }
+}
+
+/// Checks that a layer's view holds exactly positions `0 .. n_tokens` in consecutive
+/// segments.
+fn check_span(
+    layer: usize,
+    segments: &[KvSegment<'_>],
+    n_tokens: usize,
+) -> Result<(), SessionError> {
+    let start = segments.first().map_or(0, |s| s.start());
+    let count: usize = segments.iter().map(|s| s.len()).sum();
+    let consecutive = segments
+        .windows(2)
+        .all(|w| w[0].start() + w[0].len() == w[1].start());
+    if start == 0 && count == n_tokens && consecutive {
+        Ok(())
+    } else {
+        Err(SessionError::LayerPositions {
+            layer,
+            start: start as u64,
+            count: count as u64,
+            n_tokens: n_tokens as u64,
+        })
+    }
+}
+
+/// Distinguishes the temporary files of concurrent saves in one process.
+static SAVES: AtomicU64 = AtomicU64::new(0);
+
+impl<K: KvStore> Session<K> {
+    /// Writes the session to `path` ([module docs](self)), with an empty application
+    /// blob. See [`save_with_meta`](Self::save_with_meta).
+    pub fn save<B: Backend>(
+        &self,
+        model: &Llama<B>,
+        path: impl AsRef<Path>,
+    ) -> Result<(), SessionError> {
+        self.save_with_meta(model, path, &[])
+    }
+
+    /// Writes the session to `path` with the application's blob `meta` (stored as is,
+    /// handed back by [`restore`](Self::restore)): into a temporary file in the same
+    /// directory, synced, then renamed over `path`, so `path` never holds a partial file.
+    ///
+    /// Errors: [`SessionError::Io`] naming `path` (the temporary file is removed),
+    /// [`SessionError::GeometryMismatch`] when the store is not the model's.
+    pub fn save_with_meta<B: Backend>(
+        &self,
+        model: &Llama<B>,
+        path: impl AsRef<Path>,
+        meta: &[u8],
+    ) -> Result<(), SessionError> {
+        let path = path.as_ref();
+        let io = |source| SessionError::Io {
+            path: Some(path.to_path_buf()),
+            source,
+        };
+        let name = path.file_name().ok_or_else(|| {
+            io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path names no file",
+            ))
+        })?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(
+            ".{}.{}.tmp",
+            std::process::id(),
+            SAVES.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = path.with_file_name(tmp_name);
+        let result = (|| {
+            let file = File::create(&tmp).map_err(io)?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            self.write_to(model, meta, &mut w).map_err(|e| match e {
+                SessionError::Io { source, .. } => io(source),
+                other => other,
+            })?;
+            let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+            file.sync_all().map_err(io)?;
+            fs::rename(&tmp, path).map_err(io)
+        })();
+        if result.is_err() {
+            // Best effort: the temporary file holds nothing anyone needs.
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Writes the session in the file format to `w` (no temporary file, no sync) and
+    /// returns the bytes written.
+    ///
+    /// Errors: [`SessionError::Io`] (no path), [`SessionError::GeometryMismatch`] when
+    /// the store is not the model's, [`SessionError::LayerPositions`] when a layer of
+    /// the store does not hold exactly the session's positions (a store this version of
+    /// the format cannot describe).
+    pub fn write_to<B: Backend, W: Write>(
+        &self,
+        model: &Llama<B>,
+        meta: &[u8],
+        w: W,
+    ) -> Result<u64, SessionError> {
+        let geometry = self.kv.geometry();
+        if geometry != model.kv_geometry() {
+            return Err(SessionError::GeometryMismatch {
+                expected: model.kv_geometry(),
+                found: geometry,
+            });
+        }
+        let dim = |v: usize| {
+            u32::try_from(v).map_err(|_| SessionError::CountOverflow { field: "row size" })
+        };
+        let header = Header {
+            fingerprint: *model.fingerprint(),
+            geometry: [
+                dim(geometry.n_layers)?,
+                dim(geometry.n_kv_heads)?,
+                dim(geometry.head_dim)?,
+            ],
+            types: self.kv.kv_types(),
+            n_tokens: self.tokens.len() as u64,
+            meta_len: meta.len() as u64,
+        };
+        let io = |source| SessionError::Io { path: None, source };
+        let mut sink = Sink::new(w);
+        sink.write(&header.encode()).map_err(io)?;
+        let mut ids = Vec::with_capacity(4 * self.tokens.len());
+        self.tokens
+            .iter()
+            .for_each(|id| ids.extend_from_slice(&id.to_le_bytes()));
+        sink.write(&ids).map_err(io)?;
+        sink.write(meta).map_err(io)?;
+        let n = self.tokens.len();
+        for layer in 0..geometry.n_layers {
+            let view = self.kv.view(layer)?;
+            check_span(layer, view.segments(), n)?;
+            sink.write(&0u64.to_le_bytes()).map_err(io)?;
+            sink.write(&(n as u64).to_le_bytes()).map_err(io)?;
+            for keys in [true, false] {
+                for s in view.segments() {
+                    match if keys { s.keys() } else { s.values() } {
+                        KvRows::F32(a) => sink.f32s(a.iter()).map_err(io)?,
+                    }
+                }
+            }
+        }
+        sink.finish().map_err(io)
+    }
+
+    /// Replaces the session's ids and rows with those of the file at `path` and returns
+    /// the application's blob. See [`restore_with`](Self::restore_with).
+    pub fn restore<B: Backend>(
+        &mut self,
+        model: &Llama<B>,
+        path: impl AsRef<Path>,
+    ) -> Result<Vec<u8>, SessionError> {
+        self.restore_with(model, path, |meta| Ok(meta.to_vec()))
+    }
+
+    /// Replaces the session's ids and rows with those of the file at `path`, streaming
+    /// it and checking all of it first ([module docs](self)); `accept` sees the
+    /// application's blob once everything else has checked out, and the session changes
+    /// only if it returns `Ok` (whose value is returned).
+    ///
+    /// The store keeps its kind and ceiling: a file with more positions than its
+    /// `max_ctx` is a [`KvError::ContextOverflow`] ([`SessionError::Kv`]).
+    ///
+    /// Errors, leaving the session exactly as it was: every [`SessionError`] of reading
+    /// (named in the module docs), and [`SessionError::MetaRejected`] with `accept`'s
+    /// reason.
+    pub fn restore_with<B: Backend, T>(
+        &mut self,
+        model: &Llama<B>,
+        path: impl AsRef<Path>,
+        accept: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Result<T, SessionError> {
+        let path = path.as_ref();
+        let io = |source| SessionError::Io {
+            path: Some(path.to_path_buf()),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let reader = BufReader::with_capacity(1 << 20, file);
+        self.read_stream(model, reader, len, Some(path), accept)
+    }
+
+    /// [`restore_with`](Self::restore_with) from any reader that yields `len` bytes (no
+    /// more are read). I/O errors carry no path.
+    pub fn restore_from<B: Backend, R: Read, T>(
+        &mut self,
+        model: &Llama<B>,
+        reader: R,
+        len: u64,
+        accept: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Result<T, SessionError> {
+        self.read_stream(model, reader, len, None, accept)
+    }
+
+    fn read_stream<B: Backend, R: Read, T>(
+        &mut self,
+        model: &Llama<B>,
+        reader: R,
+        len: u64,
+        path: Option<&Path>,
+        accept: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Result<T, SessionError> {
+        let mut src = Source::new(reader, path);
+        let (header, layout) = Header::read(&mut src, len)?;
+        let expected = model.kv_geometry();
+        if *model.fingerprint() != header.fingerprint {
+            return Err(SessionError::ModelMismatch {
+                expected: *model.fingerprint(),
+                found: header.fingerprint,
+            });
+        }
+        for found in [layout.geometry, self.kv.geometry()] {
+            if found != expected {
+                return Err(SessionError::GeometryMismatch { expected, found });
+            }
+        }
+        if header.types != self.kv.kv_types() {
+            return Err(SessionError::KvTypeMismatch {
+                expected: self.kv.kv_types(),
+                found: header.types,
+            });
+        }
+        let n = layout.n_tokens;
+        let mut tx = Append::begin(&mut self.kv, 0, n)?;
+
+        let mut tokens = vec![0u32; n];
+        src.u32s(&mut tokens)?;
+        let vocab_size = model.config().vocab_size;
+        if let Some((position, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= vocab_size)
+        {
+            return Err(SessionError::TokenOutOfVocab {
+                position,
+                id,
+                vocab_size,
+            });
+        }
+        let mut meta = vec![0u8; layout.meta_len];
+        src.read(&mut meta)?;
+
+        // With a layer, each buffer's n · kv_dim · 4 bytes are part of the file's length,
+        // which fits in isize; with none, nothing is read into them.
+        let kv_dim = expected.kv_dim();
+        let rows = if expected.n_layers == 0 {
+            0
+        } else {
+            n * kv_dim
+        };
+        let mut k = vec![0f32; rows]; // [n, kv_dim]
+        let mut v = vec![0f32; rows]; // [n, kv_dim]
+        for layer in 0..expected.n_layers {
+            let (start, count) = (src.u64()?, src.u64()?);
+            if start != 0 || count != n as u64 {
+                return Err(SessionError::LayerPositions {
+                    layer,
+                    start,
+                    count,
+                    n_tokens: n as u64,
+                });
+            }
+            src.f32s(&mut k)?;
+            src.f32s(&mut v)?;
+            let shape = (n, kv_dim);
+            match (
+                ArrayView2::from_shape(shape, &k),
+                ArrayView2::from_shape(shape, &v),
+            ) {
+                (Ok(k), Ok(v)) => tx.write(layer, k, v)?,
+                _ => unreachable!("the buffers hold n · kv_dim floats"),
+            }
+        }
+        src.finish()?;
+        let accepted = accept(&meta).map_err(|reason| SessionError::MetaRejected { reason })?;
+        tx.commit()?;
+        self.tokens = tokens;
+        Ok(accepted)
+    }
+}
+
+impl Session<GrowKv> {
+    /// A new session on a [`GrowKv`] whose ceiling is the model's trained context, holding
+    /// the file at `path`. See [`load_with_meta`](Self::load_with_meta).
+    pub fn load<B: Backend>(
+        path: impl AsRef<Path>,
+        model: &Llama<B>,
+    ) -> Result<Session<GrowKv>, SessionError> {
+        Ok(Self::load_with_meta(path, model)?.0)
+    }
+
+    /// [`load`](Self::load), also returning the application's blob.
+    ///
+    /// Errors: as [`restore`](Self::restore), and [`SessionError::Kv`] when the store
+    /// cannot be made.
+    pub fn load_with_meta<B: Backend>(
+        path: impl AsRef<Path>,
+        model: &Llama<B>,
+    ) -> Result<(Session<GrowKv>, Vec<u8>), SessionError> {
+        let kv = model.new_grow_kv(model.config().context_len)?;
+        let mut session = Session::new(kv);
+        let meta = session.restore(model, path)?;
+        Ok((session, meta))
+    }
+}

@@ -1,0 +1,82 @@
+//! Sessions in tests and fuzzing: [`snapshot`], everything observable about a
+//! [`Session`] (to check that a failed restore changed nothing), and edits of session
+//! files that keep them self-consistent ([`reseal`], [`with_fingerprint`]), so a test or a
+//! fuzzer can reach the checks behind the checksum.
+
+use kvcore::kv::KvRows;
+use kvcore::{KvStore, Session};
+use sha2::{Digest, Sha256};
+
+/// Bytes of the trailing checksum of a session file.
+const CHECKSUM_LEN: usize = 32;
+/// Where the model fingerprint sits in a session file's header.
+const FINGERPRINT: std::ops::Range<usize> = 16..48;
+
+/// Everything observable about a session: its ids and its store's length, capacity,
+/// bytes and rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionSnapshot {
+    /// [`Session::tokens`].
+    pub tokens: Vec<u32>,
+    /// [`KvStore::len`].
+    pub len: usize,
+    /// [`KvStore::capacity`].
+    pub capacity: usize,
+    /// [`KvStore::bytes`].
+    pub bytes: usize,
+    /// [`rows`] of the store.
+    pub rows: Vec<Vec<u32>>,
+}
+
+/// A [`SessionSnapshot`] of `s`.
+pub fn snapshot<K: KvStore>(s: &Session<K>) -> SessionSnapshot {
+    SessionSnapshot {
+        tokens: s.tokens().to_vec(),
+        len: s.kv().len(),
+        capacity: s.kv().capacity(),
+        bytes: s.kv().bytes(),
+        rows: rows(s.kv()),
+    }
+}
+
+/// Per layer, the bits of every key row and then of every value row the layer's view
+/// holds, segment by segment.
+///
+/// # Panics
+/// On an element type this helper does not know yet.
+pub fn rows<K: KvStore + ?Sized>(kv: &K) -> Vec<Vec<u32>> {
+    (0..kv.geometry().n_layers)
+        .map(|layer| {
+            let view = kv.view(layer).expect("a layer of the store");
+            let mut bits = Vec::new();
+            for part in [0, 1] {
+                for s in view.segments() {
+                    match if part == 0 { s.keys() } else { s.values() } {
+                        KvRows::F32(a) => bits.extend(a.iter().map(|v| v.to_bits())),
+                        other => panic!("rows of type {} are not handled", other.kv_type()),
+                    }
+                }
+            }
+            bits
+        })
+        .collect()
+}
+
+/// `file` with its trailing SHA-256 recomputed over the bytes before it (unchanged when
+/// it is shorter than a checksum).
+pub fn reseal(mut file: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = file.len().checked_sub(CHECKSUM_LEN) {
+        let digest = Sha256::digest(&file[..end]);
+        file[end..].copy_from_slice(&digest);
+    }
+    file
+}
+
+/// `file` with the model fingerprint in its header replaced by `fingerprint` (where the
+/// file is long enough to hold one).
+pub fn with_fingerprint(mut file: Vec<u8>, fingerprint: &[u8; 32]) -> Vec<u8> {
+    if let Some(field) = file.get_mut(FINGERPRINT) {
+        field.copy_from_slice(fingerprint);
+    }
+    file
+}
