@@ -40,7 +40,7 @@ mod view;
 
 pub use dense::DenseKv;
 pub use grow::GrowKv;
-pub use view::{KvRows, KvSegment, KvView};
+pub use view::{F32Segment, KvRows, KvSegment, KvView};
 
 use std::fmt;
 use std::sync::Arc;
@@ -406,6 +406,52 @@ impl<K: KvStore + ?Sized> fmt::Debug for Append<'_, K> {
             .field("open", &self.open)
             .finish()
     }
+}
+
+/// The checks every store's [`KvStore::begin`] makes, in this order, so all stores fail
+/// the same calls with the same errors: no append open ([`KvError::AppendOpen`]),
+/// `at ≤ len` ([`KvError::StartPastEnd`]), `at + n ≤ max_ctx`
+/// ([`KvError::ContextOverflow`] naming the highest position needed). Returns `at + n`.
+pub fn check_begin(
+    open: bool,
+    len: usize,
+    max_ctx: usize,
+    at: usize,
+    n: usize,
+) -> Result<usize, KvError> {
+    if open {
+        return Err(KvError::AppendOpen);
+    }
+    if at > len {
+        return Err(KvError::StartPastEnd { at, len });
+    }
+    at.checked_add(n)
+        .filter(|&end| end <= max_ctx)
+        .ok_or_else(|| KvError::ContextOverflow {
+            // n ≥ 1 here: with n = 0, end = at ≤ len ≤ max_ctx.
+            pos: at.saturating_add(n - 1),
+            max_ctx,
+        })
+}
+
+/// The shape check of [`KvStore::write`]: `k` and `v` are `[n, kv_dim]`
+/// ([`KvError::RowShape`], keys first).
+pub fn check_rows(
+    n: usize,
+    kv_dim: usize,
+    k: &ArrayView2<'_, f32>,
+    v: &ArrayView2<'_, f32>,
+) -> Result<(), KvError> {
+    for (what, dim) in [("append keys", k.dim()), ("append values", v.dim())] {
+        if dim != (n, kv_dim) {
+            return Err(KvError::RowShape {
+                what,
+                expected: (n, kv_dim),
+                found: dim,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The gate a store consults, shared by its forks.

@@ -24,7 +24,10 @@ use std::sync::Arc;
 
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2};
 
-use super::{AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView};
+use super::{
+    AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView, check_begin,
+    check_rows,
+};
 
 /// f32 K and V rows of every layer with a live capacity; see the module docs.
 pub(super) struct Rows {
@@ -187,20 +190,8 @@ impl Rows {
     }
 
     pub(super) fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
-        if self.pending.is_some() {
-            return Err(KvError::AppendOpen);
-        }
-        if at > self.len {
-            return Err(KvError::StartPastEnd { at, len: self.len });
-        }
-        let end = at
-            .checked_add(n)
-            .filter(|&end| end <= self.max_ctx)
-            .ok_or_else(|| KvError::ContextOverflow {
-                // n ≥ 1 here: with n = 0, end = at ≤ len ≤ max_ctx.
-                pos: at.saturating_add(n - 1),
-                max_ctx: self.max_ctx,
-            })?;
+        let open = self.pending.is_some();
+        let end = check_begin(open, self.len, self.max_ctx, at, n)?;
         let replaced = self.len.min(end) - at;
         let undo = if end > self.cap {
             let cap = grown_capacity(self.cap, end, self.max_ctx);
@@ -247,15 +238,7 @@ impl Rows {
             None => return Err(KvError::NoAppend),
         };
         self.check_layer(layer)?;
-        for (what, dim) in [("append keys", k.dim()), ("append values", v.dim())] {
-            if dim != (n, self.kv_dim) {
-                return Err(KvError::RowShape {
-                    what,
-                    expected: (n, self.kv_dim),
-                    found: dim,
-                });
-            }
-        }
+        check_rows(n, self.kv_dim, &k, &v)?;
         let dst = self.offset(self.cap, layer, at);
         let span = dst..dst + n * self.kv_dim;
         let kv_dim = self.kv_dim;

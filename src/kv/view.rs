@@ -171,6 +171,17 @@ impl<'a> KvSegment<'a> {
     }
 }
 
+/// A segment whose keys and values are f32 rows ([`KvView::f32_segments`]).
+#[derive(Clone, Copy, Debug)]
+pub struct F32Segment<'a> {
+    /// The segment (positions, and the rows as [`KvRows`]).
+    pub segment: KvSegment<'a>,
+    /// Its keys, `[len, n_kv_heads, head_dim]`.
+    pub keys: ArrayView3<'a, f32>,
+    /// Its values, `[len, n_kv_heads, head_dim]`.
+    pub values: ArrayView3<'a, f32>,
+}
+
 /// One layer of a store as attention reads it: segments in ascending position order.
 #[derive(Clone, Debug)]
 pub struct KvView<'a> {
@@ -252,6 +263,24 @@ impl<'a> KvView<'a> {
     /// Whether no slot is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The segments with their rows as f32 arrays, for a kernel that reads f32 rows;
+    /// errors with the first other element type met (keys before values).
+    pub fn f32_segments(&self) -> Result<Vec<F32Segment<'a>>, KvType> {
+        self.segments
+            .iter()
+            .map(|&segment| match (segment.keys, segment.values) {
+                (KvRows::F32(keys), KvRows::F32(values)) => Ok(F32Segment {
+                    segment,
+                    keys,
+                    values,
+                }),
+                // Reachable once `KvRows` has a second element type.
+                #[allow(unreachable_patterns)]
+                (KvRows::F32(_), other) | (other, _) => Err(other.kv_type()),
+            })
+            .collect()
     }
 
     /// Every position held, ascending.

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arbitrary::{Arbitrary, Unstructured};
 use kvcore::kv::{
     AllocGate, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+    check_begin, check_rows,
 };
 use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
 
@@ -314,18 +315,7 @@ impl KvStore for SpecKv {
         )
     }
     fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
-        if self.pending.is_some() {
-            return Err(KvError::AppendOpen);
-        }
-        if at > self.len {
-            return Err(KvError::StartPastEnd { at, len: self.len });
-        }
-        if at.checked_add(n).is_none_or(|end| end > self.max_ctx) {
-            return Err(KvError::ContextOverflow {
-                pos: at.saturating_add(n - 1),
-                max_ctx: self.max_ctx,
-            });
-        }
+        check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
         self.pending = Some(SpecAppend {
             at,
             n,
@@ -344,15 +334,7 @@ impl KvStore for SpecKv {
             None => return Err(KvError::NoAppend),
         };
         self.check_layer(layer)?;
-        for (what, dim) in [("append keys", k.dim()), ("append values", v.dim())] {
-            if dim != (n, self.kv_dim) {
-                return Err(KvError::RowShape {
-                    what,
-                    expected: (n, self.kv_dim),
-                    found: dim,
-                });
-            }
-        }
+        check_rows(n, self.kv_dim, &k, &v)?;
         let keep = at * self.kv_dim;
         let full = |old: &[f32], new: ArrayView2<'_, f32>| -> Vec<f32> {
             old[..keep]

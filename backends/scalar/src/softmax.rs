@@ -18,7 +18,7 @@
 
 use crate::matmul::dot;
 use kvcore::backend::{AttnParams, ShapeError};
-use kvcore::kv::{KvRows, KvView};
+use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
 /// Softmax of `x` in place (see the module docs for the −∞ row). Empty input is a no-op.
@@ -60,19 +60,12 @@ pub(crate) fn attention(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
-    let mut runs = Vec::with_capacity(kv.segments().len());
-    for seg in kv.segments() {
-        match (seg.keys(), seg.values()) {
-            (KvRows::F32(k), KvRows::F32(v)) => runs.push((seg, k, v)),
-            (k, v) => {
-                let other = if matches!(k, KvRows::F32(_)) { v } else { k };
-                return Err(ShapeError::UnsupportedKv {
-                    what: "scalar attention",
-                    kv_type: other.kv_type(),
-                });
-            }
-        }
-    }
+    let runs = kv
+        .f32_segments()
+        .map_err(|kv_type| ShapeError::UnsupportedKv {
+            what: "scalar attention",
+            kv_type,
+        })?;
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
     let mut scores = Vec::new();
@@ -84,19 +77,19 @@ pub(crate) fn attention(
                 .expect("the last axis is contiguous (checked)");
             let kvh = h / group;
             scores.clear();
-            for (seg, keys, _) in &runs {
-                for t in seg.visible(pos, params.mask) {
-                    scores.push(params.scale * dot(qh, head_row(*keys, t, kvh)));
+            for run in &runs {
+                for t in run.segment.visible(pos, params.mask) {
+                    scores.push(params.scale * dot(qh, head_row(run.keys, t, kvh)));
                 }
             }
             softmax(&mut scores);
             let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
             o.fill(0.0);
             let mut p = scores.iter();
-            for (seg, _, values) in &runs {
-                for t in seg.visible(pos, params.mask) {
+            for run in &runs {
+                for t in run.segment.visible(pos, params.mask) {
                     let pt = *p.next().expect("one score per visible slot");
-                    for (oj, &vj) in o.iter_mut().zip(head_row(*values, t, kvh)) {
+                    for (oj, &vj) in o.iter_mut().zip(head_row(run.values, t, kvh)) {
                         *oj += pt * vj;
                     }
                 }

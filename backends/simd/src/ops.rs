@@ -18,7 +18,7 @@
 use crate::kernel::Kernel;
 use crate::sgemm::{Gemm, sgemm};
 use kvcore::backend::{AttnParams, Backend, DType, QK, ShapeError, Weights};
-use kvcore::kv::{KvRows, KvView};
+use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
 use kvcore_scalar::Scalar;
 use std::ops::Range;
@@ -113,29 +113,18 @@ pub(crate) fn attention<K: Kernel>(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
-    let mut runs = Vec::with_capacity(kv.segments().len());
-    for seg in kv.segments() {
-        match (seg.keys(), seg.values()) {
-            (KvRows::F32(keys), KvRows::F32(values)) => runs.push((seg, keys, values)),
-            (keys, values) => {
-                let other = if matches!(keys, KvRows::F32(_)) {
-                    values
-                } else {
-                    keys
-                };
-                return Err(ShapeError::UnsupportedKv {
-                    what: "simd attention",
-                    kv_type: other.kv_type(),
-                });
-            }
-        }
-    }
+    let runs = kv
+        .f32_segments()
+        .map_err(|kv_type| ShapeError::UnsupportedKv {
+            what: "simd attention",
+            kv_type,
+        })?;
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
     let mut scores = Vec::new();
     for (i, &pos) in q_pos.iter().enumerate() {
         let visible: Vec<Range<usize>> = (runs.iter())
-            .map(|(seg, _, _)| seg.visible(pos, params.mask))
+            .map(|run| run.segment.visible(pos, params.mask))
             .collect();
         let total = visible.iter().map(Range::len).sum();
         for h in 0..n_heads {
@@ -147,9 +136,9 @@ pub(crate) fn attention<K: Kernel>(
             scores.clear();
             scores.resize(total, 0.0f32);
             let mut at = 0;
-            for ((_, keys, _), vis) in runs.iter().zip(&visible) {
+            for (run, vis) in runs.iter().zip(&visible) {
                 let dst = &mut scores[at..at + vis.len()];
-                k.scores(qh, head_rows(*keys, vis.clone(), kvh), params.scale, dst);
+                k.scores(qh, head_rows(run.keys, vis.clone(), kvh), params.scale, dst);
                 at += vis.len();
             }
             Scalar.softmax(&mut scores);
@@ -159,9 +148,9 @@ pub(crate) fn attention<K: Kernel>(
                 .expect("the last axis is contiguous (checked)");
             oh.fill(0.0);
             let mut at = 0;
-            for ((_, _, values), vis) in runs.iter().zip(&visible) {
+            for (run, vis) in runs.iter().zip(&visible) {
                 let p = &scores[at..at + vis.len()];
-                k.weighted_sum(p, head_rows(*values, vis.clone(), kvh), oh);
+                k.weighted_sum(p, head_rows(run.values, vis.clone(), kvh), oh);
                 at += vis.len();
             }
         }
