@@ -13,7 +13,7 @@
 //! Invariant: the store holds exactly positions `0 .. tokens().len()`, position `i`
 //! holding the rows of `tokens()[i]`.
 //!
-//! A session survives the process in a file ([`file`]): [`Session::save`] writes it,
+//! A session survives the process in a file ([`file`](mod@file)): [`Session::save`] writes it,
 //! [`Session::load`] and [`Session::restore`] read it back, checking all of it first.
 
 pub mod file;
