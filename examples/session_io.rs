@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kvcore::gguf::GgufFile;
 use kvcore::model::Llama;
-use kvcore::tokenizer::Tokenizer;
+use kvcore::tokenizer::{Special, Tokenizer};
 use kvcore::{KvStore, Session};
 use kvcore_rayon::Rayon;
 use kvcore_simd::Simd;
@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let tok = Tokenizer::from_gguf(model.file())?;
     let ids: Vec<u32> = tok
-        .encode(TEXT)
+        .encode(TEXT, Special::Literal)
         .into_iter()
         .cycle()
         .take(positions)

@@ -13,7 +13,7 @@ use common::smollm2_file;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::{MAGIC, VERSION};
-use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{
     Backend, DType, DenseKv, GrowKv, KvError, KvGeometry, KvStore, Session, SessionError,
 };
@@ -706,7 +706,7 @@ fn smollm2_session_survives_a_file() {
             true,
         )
         .unwrap();
-    let prompt = tok.encode(&text);
+    let prompt = tok.encode(&text, Special::Parse);
     let mut never = session_with(&model, &[]);
     let first = never.prefill(&model, &prompt).unwrap();
     let mut greedy = Sampler::new(Sampling::Greedy).unwrap();

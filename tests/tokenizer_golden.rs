@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use serde_json::Value;
 
 fn model_path() -> PathBuf {
@@ -84,7 +84,7 @@ fn check_encodings<'a>(cases: impl IntoIterator<Item = (&'a str, Vec<u32>)>) {
     let mut n = 0;
     for (text, expected) in cases {
         n += 1;
-        let actual = t.encode(text);
+        let actual = t.encode(text, Special::Parse);
         if actual != expected {
             failures.push(format!(
                 "text {text:?}\n  expected {expected:?}\n  actual   {actual:?}"
@@ -143,6 +143,20 @@ fn chat_template_reproduces_rendered_prompts() {
             p["rendered"].as_str().unwrap(),
             "chat prompt {text:?}"
         );
+        // Markup parsed, content literal: for ordinary content exactly llama.cpp's ids
+        // of the whole rendered text with special tokens parsed.
+        let t = tokenizer();
+        let mut ids = Vec::new();
+        if let (true, Some(bos)) = (t.add_bos(), t.bos_id()) {
+            ids.push(bos);
+        }
+        ids.extend(
+            template
+                .render_chat(&[ChatMessage::new("user", text)], true)
+                .expect("template renders")
+                .encode(t),
+        );
+        assert_eq!(ids, ids_of(&p["prompt_ids"], "prompt_ids"), "chat prompt {text:?}");
     }
     assert!(chats > 0, "logits.json has no chat prompt");
 }
@@ -201,7 +215,7 @@ fn special_tokens_follow_the_metadata() {
             .token_id(name)
             .unwrap_or_else(|| panic!("{name} is in the vocabulary"));
         assert!(t.is_stop(id), "{name} stops generation");
-        assert_eq!(t.encode(name), [id]);
+        assert_eq!(t.encode(name, Special::Parse), [id]);
         assert_eq!(t.decode(&[id]).unwrap(), name);
     }
     let im_start = t
@@ -222,7 +236,7 @@ fn encoding_is_fast_and_linear() {
         text.push('\n');
     }
     let start = Instant::now();
-    let ids = t.encode(&text);
+    let ids = t.encode(&text, Special::Parse);
     let elapsed = start.elapsed();
     assert_eq!(t.decode(&ids).unwrap(), text);
     // ~10 ms on one core; the bound only catches a quadratic or regex-backtracking blowup.
@@ -230,7 +244,7 @@ fn encoding_is_fast_and_linear() {
 
     let one_word = "a".repeat(50_000);
     let start = Instant::now();
-    let ids = t.encode(&one_word);
+    let ids = t.encode(&one_word, Special::Literal);
     assert!(
         start.elapsed().as_secs_f64() < 2.0,
         "a 50 kB word took {:?}",

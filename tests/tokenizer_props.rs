@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{TokenType, Tokenizer, TokenizerError};
+use kvcore::tokenizer::{Special, TokenType, Tokenizer, TokenizerError};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
@@ -147,7 +147,7 @@ fn a_character_with_an_untokenized_lead_byte_loses_that_byte() {
     let t = tokenizer();
     let s = "a\u{40000}b";
     assert!(!byte_has_token()[0xF1]);
-    let decoded = t.decode(&t.encode(s)).unwrap();
+    let decoded = t.decode(&t.encode(s, Special::Literal)).unwrap();
     assert_eq!(decoded, spellable_bytes(s));
     assert_eq!(decoded, "a\u{fffd}\u{fffd}\u{fffd}b");
 }
@@ -158,21 +158,38 @@ proptest! {
     #[test]
     fn decode_inverts_encode(s in spellable_text()) {
         let t = tokenizer();
-        let ids = t.encode(&s);
-        prop_assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()));
-        prop_assert_eq!(t.decode(&ids).unwrap(), s);
+        for special in [Special::Parse, Special::Literal] {
+            let ids = t.encode(&s, special);
+            prop_assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()));
+            prop_assert_eq!(t.decode(&ids).unwrap(), s.clone());
+        }
+    }
+
+    /// User text never becomes a control token, whatever special-token texts it holds
+    /// (the strategy splices them in); parsed, the same text does.
+    #[test]
+    fn literal_text_has_no_control_ids(s in spellable_text()) {
+        let t = tokenizer();
+        let ids = t.encode(&s, Special::Literal);
+        prop_assert!(ids.iter().all(|&id| !t.is_control(id)), "{:?} -> {:?}", s, ids);
+        let parsed = t.encode(&s, Special::Parse);
+        if !parsed.iter().any(|&id| t.is_control(id)) {
+            prop_assert_eq!(parsed, ids, "without control texts both modes agree");
+        }
     }
 
     #[test]
     fn encode_drops_only_bytes_without_tokens(s in any_text()) {
         let t = tokenizer();
-        prop_assert_eq!(t.decode(&t.encode(&s)).unwrap(), spellable_bytes(&s));
+        for special in [Special::Parse, Special::Literal] {
+            prop_assert_eq!(t.decode(&t.encode(&s, special)).unwrap(), spellable_bytes(&s));
+        }
     }
 
     #[test]
     fn streaming_decode_concatenates_to_the_text(s in spellable_text()) {
         let t = tokenizer();
-        let ids = t.encode(&s);
+        let ids = t.encode(&s, Special::Parse);
         let (chunks, tail) = stream_chunks(t, &ids);
         prop_assert_eq!(tail, "", "nothing left over after a whole text");
         for c in &chunks {

@@ -17,8 +17,8 @@
 use crate::ChatArgs;
 use crate::backends::{self, Job};
 use crate::commands::{
-    TextModel, TextStream, load_model, print_turn_stats, prompt_ids, shown_text, split_result,
-    stats_json, threads,
+    Shown, TextModel, TextStream, chat_ids, check_n, load_model, max_new, print_turn_stats,
+    split_result, stats_json, system_messages, threads,
 };
 use anyhow::Context;
 use kvcore::gguf::GgufFile;
@@ -26,6 +26,7 @@ use kvcore::model::{self, Generation, Llama, ModelError, Sampler};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use kvcore::{Backend, KvError, KvStore, Session};
 use serde::{Deserialize, Serialize};
+use std::cell::Cell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -41,9 +42,11 @@ Ctrl-D ends the chat.";
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<ExitCode> {
     a.store.check()?;
+    check_n(a.n)?;
     let sampler = a.sampling.sampler()?;
     let threads = threads(&a.model)?;
     let (file, tok, template) = TextModel::open(&a.model)?.into_template()?;
+    a.sampling.check_vocab(&tok)?;
     let job = ChatJob {
         file,
         tok,
@@ -72,7 +75,7 @@ impl Job for ChatJob {
             sampler,
             args,
         } = self;
-        let model = load_model(file, b, &args.model)?;
+        let model = load_model(file, b, args.compute.activations)?;
         let max_ctx = args.store.max_ctx(&model)?;
         let session = Session::new(args.store.new_store(&model, max_ctx)?);
         let mut chat = Chat {
@@ -82,7 +85,7 @@ impl Job for ChatJob {
             args: &args,
             max_ctx,
             session,
-            messages: Vec::new(),
+            messages: system_messages(&args.reply),
             sampler,
             turns: 0,
         };
@@ -169,7 +172,7 @@ impl<B: Backend> Chat<'_, B> {
             ("help", _) => eprintln!("{HELP}"),
             ("reset", _) => {
                 self.session.clear();
-                self.messages.clear();
+                self.messages = system_messages(&self.args.reply);
                 eprintln!("[conversation reset]");
             }
             ("save", "") | ("load", "") => eprintln!("kvcore: usage: /{name} FILE"),
@@ -240,7 +243,7 @@ impl<B: Backend> Chat<'_, B> {
         let (generation, error) = match self.prompt() {
             Err(message) => (None, Some(message)),
             Ok(ids) => {
-                let (generation, failure) = self.reply(&ids)?;
+                let (generation, failure, shown) = self.reply(&ids)?;
                 let error = failure.map(|e| match e {
                     ModelError::Kv(KvError::ContextOverflow { max_ctx, .. }) => format!(
                         "the context of {max_ctx} positions (--ctx) is full after {} generated tokens; the turn was dropped: /reset starts a new conversation",
@@ -248,12 +251,12 @@ impl<B: Backend> Chat<'_, B> {
                     ),
                     other => format!("generation failed ({other}); the turn was dropped"),
                 });
-                (Some(generation), error)
+                (Some((generation, shown)), error)
             }
         };
-        let reply = match &generation {
-            Some(g) => shown_text(self.tok, &g.tokens)?,
-            None => String::new(),
+        let (generation, reply, stop) = match generation {
+            Some((g, shown)) => (Some(g), shown.text, shown.stop),
+            None => (None, String::new(), None),
         };
         match &error {
             None => self
@@ -270,6 +273,7 @@ impl<B: Backend> Chat<'_, B> {
                 "text": reply,
                 "tokens": generation.as_ref().map_or(&[][..], |g| &g.tokens[..]),
                 "stopped": generation.as_ref().is_some_and(|g| g.stopped),
+                "stop": stop,
                 "error": error,
                 "stats": generation
                     .as_ref()
@@ -286,10 +290,9 @@ impl<B: Backend> Chat<'_, B> {
 
     /// The ids of the conversation rendered for the next reply, or why there are none.
     fn prompt(&self) -> Result<Vec<u32>, String> {
-        let rendered = self.template.render(&self.messages, true).map_err(|e| {
-            format!("cannot render the conversation ({e}); the message was dropped")
+        let ids = chat_ids(self.tok, self.template, &self.messages).map_err(|e| {
+            format!("cannot render the conversation ({e:#}); the message was dropped")
         })?;
-        let ids = prompt_ids(self.tok, &rendered);
         if ids.len() > self.max_ctx {
             return Err(format!(
                 "the conversation is {} tokens with this message, more than the context of {} positions (--ctx); the message was dropped: /reset starts a new conversation",
@@ -301,28 +304,28 @@ impl<B: Backend> Chat<'_, B> {
     }
 
     /// Generates the reply to `ids`, streaming it unless `--json`.
-    fn reply(&mut self, ids: &[u32]) -> anyhow::Result<(Generation, Option<ModelError>)> {
+    fn reply(&mut self, ids: &[u32]) -> anyhow::Result<(Generation, Option<ModelError>, Shown)> {
         if self.args.no_reuse {
             self.session.clear();
         }
         let tok = self.tok;
-        let mut stream = (!self.args.json).then(|| TextStream::new(tok));
+        let stop_hit = Cell::new(false);
+        let mut stream = TextStream::new(tok, &self.args.reply.stop, !self.args.json);
         let result = model::generate(
             self.model,
             &mut self.session,
             ids,
-            self.args.n,
+            max_new(self.args.n, ids.len(), self.max_ctx),
             &mut self.sampler,
-            |id| tok.is_stop(id),
+            |id| tok.is_stop(id) || stop_hit.get(),
             |id| {
-                if let Some(s) = stream.as_mut() {
-                    s.push(id);
+                if stream.push(id) {
+                    stop_hit.set(true);
                 }
             },
         );
-        if let Some(stream) = stream {
-            stream.finish()?;
-        }
-        Ok(split_result(result))
+        let shown = stream.finish()?;
+        let (generation, failure) = split_result(result);
+        Ok((generation, failure, shown))
     }
 }

@@ -2,16 +2,20 @@
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
 use crate::{
-    BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, SamplingArgs, StoreArgs, TokenizeArgs,
+    BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, ReplyArgs, SamplingArgs, StoreArgs,
+    TokenizeArgs,
 };
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
-use kvcore::model::{self, Activations, Generation, Llama, Sampler, Sampling};
-use kvcore::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams};
+use kvcore::tokenizer::{
+    ChatMessage, ChatTemplate, Special, StopMatcher, StreamDecoder, Tokenizer,
+};
 use kvcore::{Backend, DenseKv, GrowKv, KvStore, Session};
 use kvcore_fetch as fetch;
-use std::io::Write;
+use std::cell::Cell;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -36,17 +40,29 @@ pub fn threads(m: &ModelArgs) -> anyhow::Result<usize> {
                     "kvcore: warning: the {} backend runs on one thread; --threads {n} applies to --backend rayon",
                     m.backend
                 );
+            } else if n > cores() {
+                eprintln!(
+                    "kvcore: warning: --threads {n} is more than the {} cores of this machine; \
+                     threads that outnumber cores make decoding much slower (the default is one per core)",
+                    cores()
+                );
             }
             Ok(n)
         }
-        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        None => Ok(cores()),
     }
 }
 
+/// The cores this process may use.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 pub fn tokenize(a: TokenizeArgs) -> anyhow::Result<ExitCode> {
-    let file = open(&model_path(&a.model)?)?;
+    let (model, text) = a.input.split()?;
+    let file = open(&model_path(&model)?)?;
     let tok = Tokenizer::from_gguf(&file)?;
-    let ids = tok.encode(&a.text);
+    let ids = tok.encode(&text, special_mode(a.parse_special));
     if a.json {
         println!("{}", serde_json::to_string(&ids)?);
     } else {
@@ -117,49 +133,128 @@ fn summarize(v: &kvcore::gguf::Value) -> String {
 }
 
 pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
-    let threads = threads(&a.model)?;
-    let file = open(&model_path(&a.model.model)?)?;
+    let (model, text) = a.input.split()?;
+    let m = ModelArgs {
+        model,
+        backend: a.backend,
+        threads: a.threads,
+    };
+    let threads = threads(&m)?;
+    let file = open(&model_path(&m.model)?)?;
     let tok = Tokenizer::from_gguf(&file)?;
-    let ids = tok.encode(&a.text);
+    let ids = tok.encode(&text, Special::Literal);
     struct Embed {
         file: GgufFile,
         ids: Vec<u32>,
-        activations: Activations,
     }
     impl Job for Embed {
         type Output = Vec<f32>;
         fn run<B: Backend>(self, b: B) -> anyhow::Result<Vec<f32>> {
-            let model = Llama::load(self.file, b)?.with_activations(self.activations);
+            let model = Llama::load(self.file, b)?;
             Ok(model.embed(&self.ids)?)
         }
     }
-    let v = backends::dispatch(
-        a.model.backend,
-        threads,
-        Embed {
-            file,
-            ids,
-            activations: a.model.activations,
-        },
-    )?;
+    let v = backends::dispatch(m.backend, threads, Embed { file, ids })?;
     println!("{}", serde_json::to_string(&v)?);
     Ok(ExitCode::SUCCESS)
 }
 
-impl SamplingArgs {
-    /// The sampler the flags describe: greedy unless `--temp` is given.
-    pub fn sampler(&self) -> anyhow::Result<Sampler> {
-        let sampling = match self.temp {
-            Some(temperature) if !self.greedy => Sampling::Random {
-                temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                seed: self.seed,
-            },
-            _ => Sampling::Greedy,
-        };
-        Ok(Sampler::new(sampling)?)
+/// `--parse-special` as the tokenizer's mode.
+fn special_mode(parse_special: bool) -> Special {
+    if parse_special {
+        Special::Parse
+    } else {
+        Special::Literal
     }
+}
+
+impl SamplingArgs {
+    /// The sampler the flags describe: greedy unless `--temp` > 0 is given, or a
+    /// sampling filter (`--top-k`, `--top-p`, `--min-p`) is given without `--temp` (then
+    /// at llama.cpp's default temperature, with a note). A filter that cannot act
+    /// (`--temp 0`) is a warning, never silently ignored.
+    pub fn sampler(&self) -> anyhow::Result<Sampler> {
+        let defaults = SamplerParams::default();
+        let filters: Vec<&str> = [
+            ("--top-k", self.top_k.is_some()),
+            ("--top-p", self.top_p.is_some()),
+            ("--min-p", self.min_p.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect();
+        let temperature = match self.temp {
+            _ if self.greedy => 0.0,
+            Some(t) if !(t.is_finite() && t >= 0.0) => {
+                bail!("--temp must be a number >= 0 (0: greedy), got {t}")
+            }
+            Some(t) => {
+                if t == 0.0 && !filters.is_empty() {
+                    eprintln!(
+                        "kvcore: warning: {} has no effect with --temp 0 (greedy picks the most likely token)",
+                        filters.join(", ")
+                    );
+                }
+                t
+            }
+            None if !filters.is_empty() => {
+                eprintln!(
+                    "kvcore: note: {} given without --temp: sampling at temperature {} (llama.cpp's default)",
+                    filters.join(", "),
+                    defaults.temperature
+                );
+                defaults.temperature
+            }
+            None => 0.0,
+        };
+        let repeat_last_n = match self.repeat_last_n {
+            -1 => usize::MAX,
+            n => usize::try_from(n).map_err(|_| {
+                anyhow::anyhow!("--repeat-last-n must be -1 (the whole context) or >= 0, got {n}")
+            })?,
+        };
+        let mut params = SamplerParams::greedy();
+        params.temperature = temperature;
+        params.top_k = self.top_k.unwrap_or(defaults.top_k);
+        params.top_p = self.top_p.unwrap_or(defaults.top_p);
+        params.min_p = self.min_p.unwrap_or(defaults.min_p);
+        params.repeat_penalty = self.repeat_penalty;
+        params.repeat_last_n = repeat_last_n;
+        params.presence_penalty = self.presence_penalty;
+        params.frequency_penalty = self.frequency_penalty;
+        params.logit_bias = self.logit_bias.clone();
+        params.seed = self.seed;
+        Ok(Sampler::with_params(params)?)
+    }
+
+    /// Refuses a `--logit-bias` id outside the vocabulary.
+    pub fn check_vocab(&self, tok: &Tokenizer) -> anyhow::Result<()> {
+        for &(id, _) in &self.logit_bias {
+            if id as usize >= tok.vocab_size() {
+                bail!(
+                    "--logit-bias names token {id}, which is not in the vocabulary ({} tokens)",
+                    tok.vocab_size()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `-n`: `-1` or a count.
+pub fn check_n(n: i64) -> anyhow::Result<()> {
+    if n < -1 {
+        bail!(
+            "-n must be -1 (until an end-of-generation token or the end of the context) or >= 0, got {n}"
+        );
+    }
+    Ok(())
+}
+
+/// The most tokens `-n` allows after a prompt of `prompt_len` in a context of `max_ctx`
+/// (`-1`: every position left, plus the last token, which is never run).
+pub fn max_new(n: i64, prompt_len: usize, max_ctx: usize) -> usize {
+    usize::try_from(n).unwrap_or(max_ctx.saturating_sub(prompt_len) + 1)
 }
 
 impl StoreArgs {
@@ -231,45 +326,78 @@ impl TextModel {
 
 const NO_TEMPLATE: &str = "the model has no chat template (tokenizer.chat_template); use --raw";
 
-/// The ids of `text` with the BOS the model asks for.
-pub fn prompt_ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
+/// The ids of raw `text` with the BOS the model asks for.
+pub fn prompt_ids(tok: &Tokenizer, text: &str, special: Special) -> Vec<u32> {
     let mut ids = Vec::new();
     if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
         ids.push(bos);
     }
-    ids.extend(tok.encode(text));
+    ids.extend(tok.encode(text, special));
     ids
 }
 
-/// Loads the weights onto backend `b` with the activations `m` asks for.
-pub fn load_model<B: Backend>(file: GgufFile, b: B, m: &ModelArgs) -> anyhow::Result<Llama<B>> {
-    Ok(Llama::load(file, b)?.with_activations(m.activations))
+/// Loads the weights onto backend `b` computing with `activations`.
+pub fn load_model<B: Backend>(
+    file: GgufFile,
+    b: B,
+    activations: Activations,
+) -> anyhow::Result<Llama<B>> {
+    Ok(Llama::load(file, b)?.with_activations(activations))
 }
 
-/// Streams generated text to stdout as complete UTF-8, skipping stop tokens; the first
-/// write error is kept for [`finish`](TextStream::finish).
+/// Turns generated ids into the text a user sees, printing it as it comes (unless
+/// quiet): stop tokens are skipped, UTF-8 is never split, `--stop` strings are found
+/// across tokens and not shown. An incomplete UTF-8 character at the end (generation
+/// cut by `-n` in the middle of one) is held back, not shown as U+FFFD.
 pub struct TextStream<'t> {
     tok: &'t Tokenizer,
     stream: StreamDecoder<'t>,
+    stops: StopMatcher,
+    print: bool,
+    text: String,
     error: Option<std::io::Error>,
 }
 
+/// What a [`TextStream`] showed.
+pub struct Shown {
+    /// The text (printed, unless the stream was quiet).
+    pub text: String,
+    /// The `--stop` string that ended it, if one did.
+    pub stop: Option<String>,
+}
+
 impl<'t> TextStream<'t> {
-    pub fn new(tok: &'t Tokenizer) -> Self {
+    /// A stream that prints to stdout when `print`, stopping at `stops`.
+    pub fn new(tok: &'t Tokenizer, stops: &[String], print: bool) -> Self {
         TextStream {
             tok,
             stream: tok.stream(),
+            stops: StopMatcher::new(stops.iter().cloned()),
+            print,
+            text: String::new(),
             error: None,
         }
     }
 
-    /// Prints what token `id` completes.
-    pub fn push(&mut self, id: u32) {
-        if self.tok.is_stop(id) {
+    /// Adds token `id`; true when a stop string has now been found (generation should
+    /// end).
+    pub fn push(&mut self, id: u32) -> bool {
+        if !self.tok.is_stop(id) {
+            // Ids are in range (sampled from the vocabulary).
+            if let Ok(piece) = self.stream.push(id) {
+                let shown = self.stops.push(&piece);
+                self.show(&shown);
+            }
+        }
+        self.stops.stopped().is_some()
+    }
+
+    fn show(&mut self, piece: &str) {
+        if piece.is_empty() {
             return;
         }
-        // Ids are in range (sampled from the vocabulary).
-        if let Ok(piece) = self.stream.push(id) {
+        self.text.push_str(piece);
+        if self.print {
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
                 self.error.get_or_insert(e);
@@ -277,24 +405,27 @@ impl<'t> TextStream<'t> {
         }
     }
 
-    /// Prints the rest and a newline; the first write error, if any.
-    pub fn finish(self) -> std::io::Result<()> {
-        let mut out = std::io::stdout().lock();
-        out.write_all(self.stream.finish().as_bytes())?;
-        writeln!(out)?;
-        out.flush()?;
-        self.error.map_or(Ok(()), Err)
+    /// Shows what was held back for a stop string that never came, ends a printed
+    /// text with a newline (nothing at all is printed for an empty text), and returns
+    /// the text; the first write error, if any.
+    pub fn finish(mut self) -> std::io::Result<Shown> {
+        // The decoder's leftover is an incomplete character: dropped, not U+FFFD.
+        let stop = self.stops.stopped().map(str::to_string);
+        let held = std::mem::take(&mut self.stops).finish();
+        self.show(&held);
+        if self.print && !self.text.is_empty() {
+            let mut out = std::io::stdout().lock();
+            writeln!(out)?;
+            out.flush()?;
+        }
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(Shown {
+                text: self.text,
+                stop,
+            }),
+        }
     }
-}
-
-/// The generated ids that are not stop tokens, and their text.
-pub fn shown_text(tok: &Tokenizer, tokens: &[u32]) -> anyhow::Result<String> {
-    let shown: Vec<u32> = tokens
-        .iter()
-        .copied()
-        .filter(|&id| !tok.is_stop(id))
-        .collect();
-    Ok(tok.decode(&shown)?)
 }
 
 /// The outcome of [`model::generate`] as what was generated and the error that stopped
@@ -311,19 +442,84 @@ pub fn split_result(
     }
 }
 
+impl GenerateArgs {
+    /// The prompt text: `-p TEXT`, `-p -` (stdin) or `-f FILE`; from stdin or a file,
+    /// one final line break is dropped (as llama.cpp's `-f` does).
+    fn prompt_text(&self) -> anyhow::Result<String> {
+        let strip = |mut text: String| {
+            if text.ends_with('\n') {
+                text.pop();
+                if text.ends_with('\r') {
+                    text.pop();
+                }
+            }
+            text
+        };
+        match (&self.prompt, &self.file) {
+            (Some(p), _) if p == "-" => {
+                let mut bytes = Vec::new();
+                std::io::stdin()
+                    .read_to_end(&mut bytes)
+                    .context("cannot read the prompt from stdin")?;
+                let text = String::from_utf8(bytes).context("the prompt on stdin is not UTF-8")?;
+                Ok(strip(text))
+            }
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(path)) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+                let text = String::from_utf8(bytes)
+                    .with_context(|| format!("the prompt file {} is not UTF-8", path.display()))?;
+                Ok(strip(text))
+            }
+            (None, None) => bail!("no prompt: give -p TEXT, -p - (stdin) or -f FILE"),
+        }
+    }
+}
+
+/// The conversation `reply` starts from: its system message, if any.
+pub fn system_messages(reply: &ReplyArgs) -> Vec<ChatMessage> {
+    reply
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.clone()))
+        .collect()
+}
+
+/// The ids of `messages` rendered by `template` for a reply: the markup's special
+/// tokens parsed, the messages' text literal; the BOS the model asks for first unless
+/// the template writes it.
+pub fn chat_ids(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> anyhow::Result<Vec<u32>> {
+    let body = template.render_chat(messages, true)?.encode(tok);
+    let mut ids = Vec::with_capacity(body.len() + 1);
+    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
+        if body.first() != Some(&bos) {
+            ids.push(bos);
+        }
+    }
+    ids.extend(body);
+    Ok(ids)
+}
+
 pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     a.store.check()?;
+    check_n(a.n)?;
     let sampler = a.sampling.sampler()?;
     let threads = threads(&a.model)?;
+    let text = a.prompt_text()?;
     let text_model = TextModel::open(&a.model)?;
-    let text = if a.raw {
-        a.prompt.clone()
+    a.sampling.check_vocab(&text_model.tok)?;
+    let prompt = if a.raw {
+        prompt_ids(&text_model.tok, &text, special_mode(a.parse_special))
     } else {
-        text_model
-            .template()?
-            .render(&[ChatMessage::new("user", a.prompt.clone())], true)?
+        let mut messages = system_messages(&a.reply);
+        messages.push(ChatMessage::new("user", text));
+        chat_ids(&text_model.tok, text_model.template()?, &messages)?
     };
-    let prompt = prompt_ids(&text_model.tok, &text);
     let job = GenerateJob {
         text_model,
         prompt,
@@ -349,7 +545,7 @@ impl Job for GenerateJob {
             mut sampler,
             args,
         } = self;
-        let model = load_model(file, b, &args.model)?;
+        let model = load_model(file, b, args.compute.activations)?;
         let max_ctx = args.store.max_ctx(&model)?;
         if prompt.len() > max_ctx {
             bail!(
@@ -363,17 +559,18 @@ impl Job for GenerateJob {
                 .restore(&model, path)
                 .with_context(|| format!("cannot load session {}", path.display()))?;
         }
-        let mut stream = (!args.json).then(|| TextStream::new(&tok));
+        let stop_hit = Cell::new(false);
+        let mut stream = TextStream::new(&tok, &args.reply.stop, !args.json);
         let result = model::generate(
             &model,
             &mut session,
             &prompt,
-            args.n,
+            max_new(args.n, prompt.len(), max_ctx),
             &mut sampler,
-            |id| tok.is_stop(id),
+            |id| tok.is_stop(id) || stop_hit.get(),
             |id| {
-                if let Some(s) = stream.as_mut() {
-                    s.push(id);
+                if stream.push(id) {
+                    stop_hit.set(true);
                 }
             },
         );
@@ -383,19 +580,20 @@ impl Job for GenerateJob {
                 .save(&model, path)
                 .with_context(|| format!("cannot save session {}", path.display()))?;
         }
-        if let Some(stream) = stream {
-            stream.finish()?;
-            print_stats(&generation, session.kv(), model.activations());
-        } else {
+        let shown = stream.finish()?;
+        if args.json {
             let json = serde_json::json!({
                 "prompt_tokens": prompt,
                 "tokens": generation.tokens,
-                "text": shown_text(&tok, &generation.tokens)?,
+                "text": shown.text,
                 "stopped": generation.stopped,
+                "stop": shown.stop,
                 "error": failure.as_ref().map(|e| e.to_string()),
                 "stats": stats_json(&generation, session.kv(), model.activations()),
             });
             writeln!(std::io::stdout().lock(), "{json}")?;
+        } else {
+            print_stats(&generation, session.kv(), model.activations());
         }
         match failure {
             None => Ok(ExitCode::SUCCESS),
@@ -414,8 +612,9 @@ pub fn stats_json<K: KvStore + ?Sized>(
     acts: Activations,
 ) -> serde_json::Value {
     let s = &g.stats;
+    let generated = s.generated_tokens > 0;
     serde_json::json!({
-        "ttft_ms": s.ttft.as_secs_f64() * 1e3,
+        "ttft_ms": generated.then_some(s.ttft.as_secs_f64() * 1e3),
         "prefill_tok_s": s.prefill_tok_s(),
         "decode_tok_s": s.decode_tok_s(),
         "kv_bytes": s.kv_bytes,
@@ -452,15 +651,19 @@ fn mib(bytes: usize) -> f64 {
 
 fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
     let s = &g.stats;
+    let timing = if s.generated_tokens == 0 {
+        format!("prefill {:.1} tok/s", s.prefill_tok_s())
+    } else {
+        format!(
+            "ttft {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s",
+            s.ttft.as_secs_f64() * 1e3,
+            s.prefill_tok_s(),
+            s.decode_tok_s()
+        )
+    };
     eprintln!(
-        "[{} prompt ({} reused, {} prefilled) + {} generated tokens | ttft {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s]",
-        s.prompt_tokens,
-        s.reused_tokens,
-        s.prefilled_tokens,
-        s.generated_tokens,
-        s.ttft.as_secs_f64() * 1e3,
-        s.prefill_tok_s(),
-        s.decode_tok_s()
+        "[{} prompt ({} reused, {} prefilled) + {} generated tokens | {timing}]",
+        s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.generated_tokens,
     );
     eprintln!(
         "[kv {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
@@ -478,11 +681,15 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
 /// The per-turn stats line of `chat`.
 pub fn print_turn_stats(turn: usize, g: &Generation) {
     let s = &g.stats;
+    let ttft = if s.generated_tokens == 0 {
+        "ttft n/a".to_string()
+    } else {
+        format!("ttft {:.1} ms", s.ttft.as_secs_f64() * 1e3)
+    };
     eprintln!(
-        "[turn {turn} | {} positions reused, {} prefilled | ttft {:.1} ms | decode {:.1} tok/s | kv {:.2} MiB]",
+        "[turn {turn} | {} positions reused, {} prefilled | {ttft} | decode {:.1} tok/s | kv {:.2} MiB]",
         s.reused_tokens,
         s.prefilled_tokens,
-        s.ttft.as_secs_f64() * 1e3,
         s.decode_tok_s(),
         mib(s.kv_bytes)
     );

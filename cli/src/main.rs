@@ -9,15 +9,15 @@ mod bench;
 mod chat;
 mod commands;
 
-use backends::{BackendChoice, KvChoice, parse_activations};
+use backends::{BackendChoice, KvChoice, parse_activations, parse_logit_bias};
 use clap::{Args, Parser, Subcommand};
 use kvcore::model::Activations;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// kvcore: CPU inference for Llama-family GGUF models with a grow-on-demand KV cache.
+/// CPU inference for Llama-family GGUF models with a grow-on-demand KV cache.
 #[derive(Parser, Debug)]
-#[command(name = "kvcore", version, about)]
+#[command(name = "kvcore", version, about, arg_required_else_help = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,12 +30,10 @@ enum Command {
     /// Chat with the model in the terminal, one user turn per line of stdin (Ctrl-D
     /// ends; /help lists the commands).
     Chat(ChatArgs),
-    /// Print the token ids of TEXT (special tokens are parsed, no BOS is added).
-    // `[MODEL] TEXT`: one positional is TEXT, two are MODEL TEXT.
-    #[command(allow_missing_positional = true)]
+    /// Print the token ids of TEXT (no BOS is added; special-token texts are literal
+    /// unless --parse-special).
     Tokenize(TokenizeArgs),
     /// Print the sentence embedding of TEXT (mean-pooled, L2-normalised).
-    #[command(allow_missing_positional = true)]
     Embed(EmbedArgs),
     /// Print a model's metadata and tensor table.
     Info(InfoArgs),
@@ -52,33 +50,77 @@ struct ModelArgs {
     /// Compute backend: scalar, simd or rayon.
     #[arg(long, default_value = "rayon", value_parser = clap::value_parser!(BackendChoice))]
     backend: BackendChoice,
-    /// Worker threads for the rayon backend [default: all cores].
-    #[arg(short = 't', long)]
+    /// Worker threads for the rayon backend [default: the number of cores; more than
+    /// that slows decoding down].
+    #[arg(short = 't', long, allow_negative_numbers = true)]
     threads: Option<usize>,
+}
+
+/// How the decode matmuls compute (shared by `generate` and `chat`).
+#[derive(Args, Debug)]
+struct ComputeArgs {
     /// Activations of the decode matmuls: f32, or q8 (8-bit, llama.cpp's numerics:
     /// faster, less accurate).
     #[arg(long, default_value = "f32", value_parser = parse_activations)]
     activations: Activations,
 }
 
-/// How the next token is chosen (shared by `generate` and `chat`).
+/// How the next token is chosen (shared by `generate` and `chat`). The stages run in
+/// llama.cpp's order: logit bias, repetition penalties, top-k, top-p, min-p,
+/// temperature, draw.
 #[derive(Args, Debug)]
 struct SamplingArgs {
-    /// Always pick the most likely token (the default when no --temp is given).
-    #[arg(long, conflicts_with_all = ["temp", "top_k", "top_p"])]
+    /// Always pick the most likely token, after bias and penalties (the default when no
+    /// --temp is given; the same as --temp 0).
+    #[arg(long, conflicts_with_all = ["temp", "top_k", "top_p", "min_p"])]
     greedy: bool,
-    /// Sampling temperature (> 0).
-    #[arg(long)]
+    /// Sampling temperature; 0 is greedy [default: greedy, or 0.8 (llama.cpp's default)
+    /// when --top-k, --top-p or --min-p is given without it].
+    #[arg(long, allow_negative_numbers = true)]
     temp: Option<f32>,
-    /// Sample among the K most likely tokens only (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1].
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
+    /// Sample among the K most likely tokens only (0: all) [default: 40].
+    #[arg(long, allow_negative_numbers = true)]
+    top_k: Option<usize>,
+    /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1]
+    /// [default: 0.95].
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than P times the most likely one, in [0, 1] [default:
+    /// 0.05].
+    #[arg(long, allow_negative_numbers = true)]
+    min_p: Option<f32>,
+    /// Penalise the tokens of the last --repeat-last-n positions (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    repeat_penalty: f32,
+    /// How many of the last positions (prompt included) the penalties look at (0: off,
+    /// -1: the whole context).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    repeat_last_n: i64,
+    /// Subtracted from the logit of every token in the penalty window (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the window (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Add BIAS to the logit of token ID, e.g. 15043+1 or 2-inf (never pick 2);
+    /// repeatable.
+    #[arg(long = "logit-bias", value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// What ends a reply and what it starts from (shared by `generate` and `chat`).
+#[derive(Args, Debug)]
+struct ReplyArgs {
+    /// The chat template's system message.
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// Stop when the generated text contains STRING (matched across tokens; it is not
+    /// printed); repeatable.
+    #[arg(long, value_name = "STRING")]
+    stop: Vec<String>,
 }
 
 /// The KV store a run keeps its positions in (shared by `generate` and `chat`).
@@ -88,7 +130,7 @@ struct StoreArgs {
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
     /// Context size in positions [default: the model's trained context].
-    #[arg(short = 'c', long)]
+    #[arg(short = 'c', long, allow_negative_numbers = true)]
     ctx: Option<usize>,
 }
 
@@ -97,18 +139,42 @@ struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
+    compute: ComputeArgs,
+    #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
+    reply: ReplyArgs,
+    #[command(flatten)]
     store: StoreArgs,
-    /// The prompt (a user message, wrapped in the model's chat template unless --raw).
-    #[arg(short = 'p', long)]
-    prompt: String,
-    /// Maximum number of tokens to generate (0: process the prompt only).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n: usize,
+    /// The prompt: a user message, wrapped in the model's chat template unless --raw;
+    /// `-` reads it from stdin.
+    #[arg(
+        short = 'p',
+        long,
+        required_unless_present = "file",
+        conflicts_with = "file",
+        allow_hyphen_values = true
+    )]
+    prompt: Option<String>,
+    /// Read the prompt from FILE (UTF-8).
+    #[arg(short = 'f', long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Maximum number of tokens to generate (0: process the prompt only; -1: until an
+    /// end-of-generation token or the end of the context).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
+    n: i64,
     /// Use the prompt as-is, without the chat template.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "system")]
     raw: bool,
+    /// With --raw: special-token texts in the prompt (`<|im_start|>`) become control
+    /// tokens. Without it they are literal text, like everything a user types.
+    #[arg(long, requires = "raw")]
+    parse_special: bool,
     /// Print one JSON object (ids, text, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -124,12 +190,22 @@ struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
+    compute: ComputeArgs,
+    #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
+    reply: ReplyArgs,
+    #[command(flatten)]
     store: StoreArgs,
-    /// Maximum number of tokens per reply.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
-    n: usize,
+    /// Maximum number of tokens per reply (-1: until an end-of-generation token or the
+    /// end of the context).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
+    n: i64,
     /// Print one JSON object per turn (text, tokens, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -139,12 +215,41 @@ struct ChatArgs {
     no_reuse: bool,
 }
 
+/// `[MODEL] TEXT`: one positional is the text (the model is the default), two are the
+/// model and the text.
+#[derive(Args, Debug)]
+struct TextInput {
+    /// GGUF model file (see `generate`); with one positional argument it is the TEXT.
+    #[arg(value_name = "MODEL")]
+    first: Option<std::ffi::OsString>,
+    /// The text (required).
+    #[arg(value_name = "TEXT", allow_hyphen_values = true)]
+    second: Option<std::ffi::OsString>,
+}
+
+impl TextInput {
+    /// The model path (if given) and the text, which must be UTF-8.
+    fn split(&self) -> anyhow::Result<(Option<PathBuf>, String)> {
+        let (model, text) = match (&self.first, &self.second) {
+            (Some(text), None) => (None, text),
+            (Some(model), Some(text)) => (Some(PathBuf::from(model)), text),
+            _ => anyhow::bail!("the following required arguments were not provided: <TEXT>"),
+        };
+        let text = text
+            .to_str()
+            .ok_or_else(|| anyhow::anyhow!("the text is not valid UTF-8"))?;
+        Ok((model, text.to_string()))
+    }
+}
+
 #[derive(Args, Debug)]
 struct TokenizeArgs {
-    /// GGUF model file (see `generate`).
-    model: Option<PathBuf>,
-    /// The text to tokenize.
-    text: String,
+    #[command(flatten)]
+    input: TextInput,
+    /// Special-token texts (`<|im_start|>`) become control tokens; without it they are
+    /// literal text.
+    #[arg(long)]
+    parse_special: bool,
     /// Print a JSON array.
     #[arg(long)]
     json: bool,
@@ -153,9 +258,14 @@ struct TokenizeArgs {
 #[derive(Args, Debug)]
 struct EmbedArgs {
     #[command(flatten)]
-    model: ModelArgs,
-    /// The text to embed.
-    text: String,
+    input: TextInput,
+    /// Compute backend: scalar, simd or rayon.
+    #[arg(long, default_value = "rayon", value_parser = clap::value_parser!(BackendChoice))]
+    backend: BackendChoice,
+    /// Worker threads for the rayon backend [default: the number of cores; more than
+    /// that slows it down].
+    #[arg(short = 't', long, allow_negative_numbers = true)]
+    threads: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -210,17 +320,7 @@ struct BenchArgs {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version go to stdout with status 0; usage errors are one line.
-            if !e.use_stderr() {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or("invalid arguments");
-            eprintln!("kvcore: {}", first.trim_start_matches("error: "));
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage_error(&e),
     };
     let result = match cli.command {
         Command::Generate(a) => commands::generate(a),
@@ -236,5 +336,42 @@ fn main() -> ExitCode {
             eprintln!("kvcore: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints a command-line error the way the rest of kvcore reports errors; help and
+/// version go to stdout with status 0, bare `kvcore` prints the usage on stderr.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        eprint!("{}", e.render());
+        return ExitCode::from(2);
+    }
+    eprintln!("kvcore: {}", usage_message(&e.render().to_string()));
+    ExitCode::from(2)
+}
+
+/// clap's message without its `error: ` prefix and usage footer, on one line: "the
+/// following required arguments were not provided: --prompt <PROMPT>".
+fn usage_message(rendered: &str) -> String {
+    let body = rendered
+        .split("\n\nUsage:")
+        .next()
+        .unwrap_or(rendered)
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or(rendered);
+    let mut lines = body.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let rest: Vec<&str> = lines.collect();
+    if rest.is_empty() {
+        first.to_string()
+    } else {
+        format!("{first} {}", rest.join(", "))
     }
 }

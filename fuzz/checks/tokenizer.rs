@@ -21,7 +21,9 @@
 
 use std::sync::OnceLock;
 
-use kvcore::tokenizer::{PreTokenizerKind, TokenType, Tokenizer, TokenizerError, TokenizerSpec};
+use kvcore::tokenizer::{
+    PreTokenizerKind, Special, TokenType, Tokenizer, TokenizerError, TokenizerSpec,
+};
 
 /// A tokenizer and which single bytes it has tokens for.
 pub struct Vocab {
@@ -158,7 +160,20 @@ pub fn check_tokenizer(data: &[u8], real: Option<&Vocab>) {
 /// `decode(encode(s))` is `s` without the bytes that have no token.
 fn check_text(vocab: &Vocab, s: &str) {
     let t = &vocab.tok;
-    let ids = t.encode(s);
+    let literal = t.encode(s, Special::Literal);
+    assert!(
+        literal.iter().all(|&id| !t.is_control(id)),
+        "user text {s:?} became a control token: {literal:?}"
+    );
+    check_round_trip(vocab, s, &literal);
+    check_round_trip(vocab, s, &t.encode(s, Special::Parse));
+}
+
+/// `ids` (an encoding of `s`) decode to `s` without its untokenized bytes, whole and
+/// streamed.
+fn check_round_trip(vocab: &Vocab, s: &str, ids: &[u32]) {
+    let t = &vocab.tok;
+    let ids = ids.to_vec();
     assert!(
         ids.iter().all(|&id| (id as usize) < t.vocab_size()),
         "{ids:?}"

@@ -11,158 +11,7 @@ use crate::kv::KvStore;
 use crate::session::Session;
 use std::time::{Duration, Instant};
 
-/// How the next token is chosen from the logits.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum Sampling {
-    /// The highest logit (the lowest id among equal maxima).
-    Greedy,
-    /// Sample from `softmax(logits / temperature)` restricted to the `top_k` most likely
-    /// tokens (0 = no limit) and then to the smallest set whose probability reaches
-    /// `top_p` (1.0 = no limit), with a seeded generator: the same seed gives the same
-    /// tokens.
-    Random {
-        /// Divides the logits before the softmax; finite and > 0.
-        temperature: f32,
-        /// Candidates kept by rank (0: all).
-        top_k: usize,
-        /// Probability mass kept, in (0, 1].
-        top_p: f32,
-        /// Seed of the generator.
-        seed: u64,
-    },
-}
-
-/// A sampler: [`Sampling`] plus the state of its random generator.
-#[derive(Clone, Debug)]
-pub struct Sampler {
-    sampling: Sampling,
-    rng: SplitMix64,
-}
-
-impl Sampler {
-    /// Checks the parameters: temperature finite and > 0, `top_p` in (0, 1].
-    pub fn new(sampling: Sampling) -> Result<Self, ModelError> {
-        let seed = match sampling {
-            Sampling::Greedy => 0,
-            Sampling::Random {
-                temperature,
-                top_p,
-                seed,
-                ..
-            } => {
-                if !(temperature.is_finite() && temperature > 0.0) {
-                    return Err(ModelError::Sampling {
-                        param: "temperature",
-                        rule: "finite and > 0",
-                        value: temperature,
-                    });
-                }
-                if !(top_p > 0.0 && top_p <= 1.0) {
-                    return Err(ModelError::Sampling {
-                        param: "top-p",
-                        rule: "in (0, 1]",
-                        value: top_p,
-                    });
-                }
-                seed
-            }
-        };
-        Ok(Sampler {
-            sampling,
-            rng: SplitMix64(seed),
-        })
-    }
-
-    /// Picks a token from one row of logits, `[vocab]`.
-    ///
-    /// Errors when the row is empty or holds a NaN (a NaN logit has no order, so no
-    /// token can be said to be the most likely).
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
-        if logits.is_empty() || logits.iter().any(|v| v.is_nan()) {
-            return Err(ModelError::NonFinite { what: "logits" });
-        }
-        match self.sampling {
-            Sampling::Greedy => Ok(argmax(logits)),
-            Sampling::Random {
-                temperature,
-                top_k,
-                top_p,
-                ..
-            } => {
-                // Candidates by descending logit (ties: lower id first), truncated to top-k.
-                let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-                idx.sort_by(|&a, &b| {
-                    logits[b as usize]
-                        .total_cmp(&logits[a as usize])
-                        .then(a.cmp(&b))
-                });
-                if top_k > 0 {
-                    idx.truncate(top_k);
-                }
-                // Softmax in f64 over the candidates, max-subtracted.
-                let max = f64::from(logits[idx[0] as usize]);
-                let t = f64::from(temperature);
-                let mut probs: Vec<f64> = idx
-                    .iter()
-                    .map(|&i| ((f64::from(logits[i as usize]) - max) / t).exp())
-                    .collect();
-                let total: f64 = probs.iter().sum();
-                probs.iter_mut().for_each(|p| *p /= total);
-                // Nucleus: keep the smallest prefix whose mass reaches top_p.
-                let mut mass = 0.0;
-                let mut keep = probs.len();
-                for (i, p) in probs.iter().enumerate() {
-                    mass += p;
-                    if mass >= f64::from(top_p) {
-                        keep = i + 1;
-                        break;
-                    }
-                }
-                let kept: f64 = probs[..keep].iter().sum();
-                let mut r = self.rng.next_f64() * kept;
-                for (i, p) in probs[..keep].iter().enumerate() {
-                    if r < *p {
-                        return Ok(idx[i]);
-                    }
-                    r -= p;
-                }
-                Ok(idx[keep - 1])
-            }
-        }
-    }
-}
-
-/// Index of the largest value; the first one among equals.
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed, seedable generator. Sampling
-/// needs reproducibility, not cryptographic strength.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)` with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+pub use super::sample::{Sampler, SamplerParams, Sampling};
 
 /// Measurements of one generation.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -293,6 +142,7 @@ fn run<B: Backend, K: KvStore>(
     out: &mut Generation,
 ) -> Result<(), ModelError> {
     let start = Instant::now();
+    sampler.set_context(prompt);
     let prefill = session.prefill(model, prompt)?;
     out.stats.prefill_time = start.elapsed();
     out.stats.reused_tokens = prefill.reused;
@@ -308,6 +158,7 @@ fn run<B: Backend, K: KvStore>(
             out.stats.ttft = start.elapsed();
             decode_start = Some(Instant::now());
         }
+        sampler.accept(id);
         out.tokens.push(id);
         out.stats.generated_tokens = out.tokens.len();
         on_token(id);

@@ -7,10 +7,12 @@
 pub mod config;
 pub mod generate;
 pub mod llama;
+pub mod sample;
 
 pub use config::LlamaConfig;
-pub use generate::{GenStats, Generation, Sampler, Sampling, generate};
+pub use generate::{GenStats, Generation, generate};
 pub use llama::{Activations, Llama, Logits};
+pub use sample::{Sampler, SamplerParams, Sampling};
 
 use crate::backend::ShapeError;
 use crate::gguf::GgufError;

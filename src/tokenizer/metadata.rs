@@ -152,6 +152,7 @@ fn wrong_element(key: &str, index: usize, v: &Value, expected: &'static str) -> 
 mod tests {
     use super::*;
     use crate::gguf::GgufWriter;
+    use crate::tokenizer::Special;
 
     /// A file with a four-token vocabulary and one merge, with `changes` replacing (or
     /// adding) metadata entries.
@@ -185,7 +186,7 @@ mod tests {
     fn reads_a_small_vocabulary() {
         let f = file(vec![]);
         let t = Tokenizer::from_gguf(&f).unwrap();
-        assert_eq!(t.encode("ab<|im_end|>"), [2, 3]);
+        assert_eq!(t.encode("ab<|im_end|>", Special::Parse), [2, 3]);
         assert_eq!(t.eos_id(), Some(3));
         assert!(t.is_stop(3));
         assert!(!t.add_bos());

@@ -28,9 +28,9 @@ mod stream;
 
 use std::collections::HashMap;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatPart, ChatTemplate, PartKind, RenderedChat};
 pub use pretokenize::PreTokenizerKind;
-pub use stream::StreamDecoder;
+pub use stream::{StopMatcher, StreamDecoder};
 
 use bpe::MergeTable;
 use bytes::ByteMap;
@@ -107,6 +107,17 @@ pub enum TokenizerError {
     /// The chat template failed to compile or to render; the message names the problem.
     #[error("chat template: {0}")]
     Template(String),
+}
+
+/// Whether special-token texts in the input of [`Tokenizer::encode`] become control
+/// tokens (llama.cpp's `parse_special`). There is no default: every call says whose
+/// text it encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    /// Control-token texts become their ids: for markup the program wrote.
+    Parse,
+    /// Control-token texts stay literal text: for anything a user wrote.
+    Literal,
 }
 
 /// A token's type, as stored in `tokenizer.ggml.token_type` (llama.cpp's
@@ -211,8 +222,11 @@ pub struct Tokenizer {
     byte_map: ByteMap,
     merges: MergeTable,
     pre: PreTokenizer,
-    /// Special tokens `(id, text)` matched in input, longest text first.
+    /// Special tokens `(id, text)` matched in input with [`Special::Parse`], longest
+    /// text first.
     specials: Vec<(u32, String)>,
+    /// The user-defined ones among them, matched in every mode (as llama.cpp does).
+    user_defined: Vec<(u32, String)>,
     /// End-of-generation ids, sorted.
     stops: Vec<u32>,
     bos: Option<u32>,
@@ -289,6 +303,11 @@ impl Tokenizer {
             .map(|(i, (text, _))| (i as u32, text.clone()))
             .collect();
         specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+        let user_defined = specials
+            .iter()
+            .filter(|(id, _)| types[*id as usize] == TokenType::UserDefined)
+            .cloned()
+            .collect();
 
         let mut stops: Vec<u32> = [eos, eot, eom].into_iter().flatten().collect();
         stops.extend(
@@ -309,6 +328,7 @@ impl Tokenizer {
             merges,
             pre: PreTokenizer::new(pre),
             specials,
+            user_defined,
             stops,
             bos,
             eos,
@@ -316,16 +336,26 @@ impl Tokenizer {
         })
     }
 
-    /// Encodes `text` into token ids. Special-token texts in `text` (`<|im_start|>`)
-    /// become their ids; no BOS is added (see [`Tokenizer::add_bos`]).
+    /// Encodes `text` into token ids; no BOS is added (see [`Tokenizer::add_bos`]).
+    ///
+    /// `special` says whose text this is. [`Special::Parse`] is for text the program
+    /// wrote, such as a chat template's markup: control-token texts (`<|im_start|>`)
+    /// become their ids. [`Special::Literal`] is for text a user wrote: control-token
+    /// texts stay text, encoded as ordinary byte-level pieces, so a message cannot end
+    /// its own turn. User-defined tokens (type 4) are matched in both modes, as in
+    /// llama.cpp.
     ///
     /// A byte whose single-byte token is missing from the vocabulary is dropped, as in
     /// llama.cpp (SmolLM2's lacks 21 bytes, among them `0xF1` and `0xF2`, the lead bytes of
     /// planes 4 to 11). Whenever every byte of `text` has a token, decoding gives `text` back.
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    pub fn encode(&self, text: &str, special: Special) -> Vec<u32> {
+        let specials = match special {
+            Special::Parse => &self.specials,
+            Special::Literal => &self.user_defined,
+        };
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         let mut scratch = Vec::new();
-        for frag in special::partition(text, &self.specials) {
+        for frag in special::partition(text, specials) {
             match frag {
                 Fragment::Special(id) => out.push(id),
                 Fragment::Text(range) => {
@@ -337,6 +367,15 @@ impl Tokenizer {
             }
         }
         out
+    }
+
+    /// Whether `id` is a control token: one that [`Special::Literal`] text never
+    /// produces.
+    pub fn is_control(&self, id: u32) -> bool {
+        matches!(
+            self.types.get(id as usize),
+            Some(TokenType::Control | TokenType::Unknown)
+        )
     }
 
     /// BPE-encodes one pre-tokenized word, appending to `out`; `scratch` is reused
@@ -541,7 +580,7 @@ mod tests {
         let t = toy();
         let im_end = t.token_id("<|im_end|>").unwrap();
         let x = t.token_id("<|x|>").unwrap();
-        let ids = t.encode("hi hi<|im_end|>!<|x|>");
+        let ids = t.encode("hi hi<|im_end|>!<|x|>", Special::Parse);
         assert_eq!(
             ids,
             [
@@ -553,6 +592,10 @@ mod tests {
             ]
         );
         assert_eq!(t.decode(&ids).unwrap(), "hi hi<|im_end|>!<|x|>");
+        let literal = t.encode("hi hi<|im_end|>!<|x|>", Special::Literal);
+        assert!(!literal.contains(&im_end), "{literal:?}");
+        assert_eq!(t.decode(&literal).unwrap(), "hi hi<|im_end|>!<|x|>");
+        assert!(t.is_control(im_end));
         assert!(t.is_stop(im_end));
         assert!(!t.is_stop(x));
     }
