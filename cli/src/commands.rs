@@ -2,8 +2,7 @@
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
 use crate::{
-    BenchArgs, EmbedArgs, GenerateArgs, InfoArgs, ModelArgs, ReplyArgs, SamplingArgs, StoreArgs,
-    TokenizeArgs,
+    BenchArgs, EmbedArgs, GenerateArgs, ModelArgs, ReplyArgs, SamplingArgs, StoreArgs, TokenizeArgs,
 };
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
@@ -20,14 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The model file: the argument, else `$KVCORE_MODEL`, else the cached SmolLM2 (fetched).
-fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     match arg {
         Some(p) => Ok(p.clone()),
         None => Ok(fetch::smollm2_path()?),
     }
 }
 
-fn open(path: &Path) -> anyhow::Result<GgufFile> {
+pub(crate) fn open(path: &Path) -> anyhow::Result<GgufFile> {
     GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
 }
 
@@ -70,66 +69,6 @@ pub fn tokenize(a: TokenizeArgs) -> anyhow::Result<ExitCode> {
         println!("{}", words.join(" "));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-pub fn info(a: InfoArgs) -> anyhow::Result<ExitCode> {
-    let path = model_path(&a.model)?;
-    let file = open(&path)?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "file: {}", path.display())?;
-    writeln!(
-        out,
-        "GGUF v{}, {} metadata entries, {} tensors, alignment {}",
-        file.version(),
-        file.metadata().len(),
-        file.tensors().len(),
-        file.alignment()
-    )?;
-    writeln!(out, "\nmetadata:")?;
-    for (key, value) in file.metadata() {
-        writeln!(out, "  {key} = {}", summarize(value))?;
-    }
-    writeln!(out, "\ntensors:")?;
-    writeln!(
-        out,
-        "  {:<32} {:<6} {:<16} {:>12}",
-        "name", "type", "dims", "bytes"
-    )?;
-    for t in file.tensors() {
-        writeln!(
-            out,
-            "  {:<32} {:<6} {:<16} {:>12}",
-            t.name,
-            t.dtype.name(),
-            format!("{:?}", t.dims),
-            t.n_bytes
-        )?;
-    }
-    if let Ok(cfg) = model::LlamaConfig::from_gguf(&file) {
-        writeln!(out, "\nconfig: {cfg:?}")?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// A metadata value in one line: long arrays and strings are abbreviated.
-fn summarize(v: &kvcore::gguf::Value) -> String {
-    use kvcore::gguf::Value;
-    match v {
-        Value::Str(s) if s.chars().count() > 80 => {
-            let head: String = s.chars().take(77).collect();
-            format!("{head:?}... ({} chars)", s.chars().count())
-        }
-        Value::Str(s) => format!("{s:?}"),
-        Value::Array(items) if items.len() > 8 => {
-            let head: Vec<String> = items.iter().take(4).map(summarize).collect();
-            format!("[{}, ...] ({} items)", head.join(", "), items.len())
-        }
-        Value::Array(items) => {
-            let all: Vec<String> = items.iter().map(summarize).collect();
-            format!("[{}]", all.join(", "))
-        }
-        other => format!("{other:?}"),
-    }
 }
 
 pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {

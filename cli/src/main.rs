@@ -8,6 +8,7 @@ mod backends;
 mod bench;
 mod chat;
 mod commands;
+mod info;
 
 use backends::{BackendChoice, KvChoice, parse_activations, parse_logit_bias};
 use clap::{Args, Parser, Subcommand};
@@ -272,6 +273,10 @@ struct EmbedArgs {
 struct InfoArgs {
     /// GGUF model file (see `generate`).
     model: Option<PathBuf>,
+    /// Print one JSON object instead of text (every metadata value in full, the whole
+    /// vocabulary and merge list included).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -327,7 +332,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => commands::tokenize(a),
         Command::Embed(a) => commands::embed(a),
-        Command::Info(a) => commands::info(a),
+        Command::Info(a) => info::info(a),
         Command::Bench(a) => commands::bench(a),
     };
     match result {

@@ -1,7 +1,10 @@
 //! [`GgufError`]: every way reading a GGUF file or looking up its contents can fail.
 //!
 //! Parse errors carry the absolute byte offset (`at`) of the field that is wrong, so a
-//! hex dump of the file shows the problem directly; tensor errors name the tensor.
+//! hex dump of the file shows the problem directly; tensor errors name the tensor. A
+//! variant that wraps another error names what it was doing and returns the cause from
+//! [`source`](std::error::Error::source) without repeating it, so printing the chain
+//! shows each cause once.
 
 use crate::backend::{DType, ShapeError};
 use std::path::PathBuf;
@@ -12,11 +15,11 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum GgufError {
     /// The file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// The underlying error.
+        /// The underlying error (the [`source`](std::error::Error::source)).
         source: std::io::Error,
     },
     /// The path exists but is not a regular file (a directory, a device, ...).
@@ -204,11 +207,11 @@ pub enum GgufError {
         expected: &'static str,
     },
     /// A tensor's dims do not make a valid [`Weights`](crate::backend::Weights) view.
-    #[error("tensor {tensor:?} cannot be viewed as a matrix: {source}")]
+    #[error("tensor {tensor:?} cannot be viewed as a matrix")]
     Shape {
         /// The tensor's name.
         tensor: String,
-        /// The underlying error.
+        /// The underlying error (the [`source`](std::error::Error::source)).
         source: ShapeError,
     },
 }

@@ -20,6 +20,11 @@
 //!
 //! Array elements all share one type; an element may itself be an array (each inner array
 //! carries its own element type).
+//!
+//! [`Value`]'s `Display` writes the value itself, in full: numbers and bools as Rust
+//! prints them, strings quoted and escaped, arrays as `[a, b, ...]`.
+
+use std::fmt;
 
 /// One metadata value. Arrays are homogeneous: every element has the same variant.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +143,38 @@ impl Value {
     }
 }
 
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::U8(v) => write!(f, "{v}"),
+            Value::I8(v) => write!(f, "{v}"),
+            Value::U16(v) => write!(f, "{v}"),
+            Value::I16(v) => write!(f, "{v}"),
+            Value::U32(v) => write!(f, "{v}"),
+            Value::I32(v) => write!(f, "{v}"),
+            Value::U64(v) => write!(f, "{v}"),
+            Value::I64(v) => write!(f, "{v}"),
+            // `{:?}` of a float is its shortest round-trip form that still reads as a
+            // float: `1e-5`, `100000.0` (where `{}` would write `0.00001`, `100000`).
+            Value::F32(v) => write!(f, "{v:?}"),
+            Value::F64(v) => write!(f, "{v:?}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            // Quoted, with quotes, backslashes and control characters escaped: one line.
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::Array(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
 /// The on-disk value type ids (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ValueType {
@@ -214,6 +251,37 @@ impl ValueType {
             U64 => "u64",
             I64 => "i64",
             F64 => "f64",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Value;
+
+    #[test]
+    fn display_writes_the_value_not_the_variant() {
+        let cases = [
+            (Value::U32(30), "30"),
+            (Value::I8(-3), "-3"),
+            (Value::U64(u64::MAX), "18446744073709551615"),
+            (Value::F32(1e-5), "1e-5"),
+            (Value::F32(100000.0), "100000.0"),
+            (Value::F64(-0.5), "-0.5"),
+            (Value::Bool(false), "false"),
+            (Value::Str("say \"hi\"\n".into()), r#""say \"hi\"\n""#),
+            (Value::Array(vec![Value::U32(3), Value::U32(4)]), "[3, 4]"),
+            (Value::Array(vec![]), "[]"),
+            (
+                Value::Array(vec![
+                    Value::Array(vec![Value::Str("a".into())]),
+                    Value::Array(vec![]),
+                ]),
+                r#"[["a"], []]"#,
+            ),
+        ];
+        for (value, want) in cases {
+            assert_eq!(value.to_string(), want, "{value:?}");
         }
     }
 }

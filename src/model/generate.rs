@@ -74,7 +74,7 @@ pub struct Generation {
 
 /// Generation that failed part-way: the error and what had been generated before it.
 #[derive(Debug, thiserror::Error)]
-#[error("{source} (after {} generated tokens)", partial.tokens.len())]
+#[error("generation stopped after {} generated tokens", partial.tokens.len())]
 pub struct GenerateError {
     /// The cause (e.g. [`KvError::ContextOverflow`](crate::kv::KvError::ContextOverflow)).
     #[source]

@@ -29,9 +29,10 @@ pub enum ModelError {
     /// The KV store refused the pass (context overflow, allocation, misuse).
     #[error(transparent)]
     Kv(#[from] KvError),
-    /// A kernel was called with operands whose shapes do not fit.
+    /// A kernel was called with operands whose shapes do not fit. The message includes the
+    /// [`ShapeError`]'s, so it is not also the `source`.
     #[error("kernel shape error: {0}")]
-    Shape(#[from] ShapeError),
+    Shape(ShapeError),
     /// `general.architecture` names an architecture kvcore does not run.
     #[error("unsupported architecture {arch:?}: kvcore runs llama-architecture models")]
     UnsupportedArchitecture {
@@ -97,4 +98,10 @@ pub enum ModelError {
         /// The value given.
         value: f32,
     },
+}
+
+impl From<ShapeError> for ModelError {
+    fn from(e: ShapeError) -> Self {
+        ModelError::Shape(e)
+    }
 }

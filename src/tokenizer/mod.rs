@@ -101,9 +101,10 @@ pub enum TokenizerError {
         vocab_size: usize,
     },
     /// Reading the tokenizer metadata from the GGUF file failed (a missing key, a value of
-    /// the wrong type; an array element is named `key[index]`).
+    /// the wrong type; an array element is named `key[index]`). The message includes the
+    /// [`GgufError`](crate::gguf::GgufError)'s, so it is not also the `source`.
     #[error("tokenizer metadata: {0}")]
-    Gguf(#[from] crate::gguf::GgufError),
+    Gguf(crate::gguf::GgufError),
     /// The chat template failed to compile or to render; the message names the problem.
     #[error("chat template: {0}")]
     Template(String),
@@ -118,6 +119,12 @@ pub enum Special {
     Parse,
     /// Control-token texts stay literal text: for anything a user wrote.
     Literal,
+}
+
+impl From<crate::gguf::GgufError> for TokenizerError {
+    fn from(e: crate::gguf::GgufError) -> Self {
+        TokenizerError::Gguf(e)
+    }
 }
 
 /// A token's type, as stored in `tokenizer.ggml.token_type` (llama.cpp's
