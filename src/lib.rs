@@ -5,7 +5,54 @@
 //! - [`backend`]: the compute contract, [`Backend`], implemented by the crates under
 //!   `backends/` (`kvcore-scalar`, `kvcore-simd`, `kvcore-rayon`).
 //!
+//! - [`model`]: the Llama forward pass, [`model::generate`] and the samplers.
+//! - [`session`]: a [`Session`] keeps a conversation's cache across turns and in files.
+//! - [`tokenizer`] and [`gguf`]: the model file, its tokenizer and chat template.
+//!
 //! ARCHITECTURE.md at the repository root is the map of the whole project.
+//!
+//! # Quickstart
+//!
+//! Load a model, chat for two turns through one session (the second turn reuses the
+//! first one's cached positions), and score a text. `examples/quickstart.rs` is the same
+//! program, with a perplexity, ready to run (`cargo run --release --example quickstart`).
+//!
+//! ```no_run
+//! use kvcore::gguf::GgufFile;
+//! use kvcore::model::{self, Llama, Logits, Sampler, SamplerParams};
+//! use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
+//! use kvcore::{GrowKv, Session};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let tok = Tokenizer::from_gguf(&file)?;
+//! let template = ChatTemplate::from_gguf(&file)?.ok_or("no chat template")?;
+//! // Any backend: kvcore-scalar (the reference), kvcore-simd, kvcore-rayon.
+//! let model = Llama::load(file, kvcore_simd::Simd::new())?;
+//!
+//! let store = GrowKv::new(model.kv_geometry(), model.config().context_len)?;
+//! let mut session = Session::new(store);
+//! let mut sampler = Sampler::with_params(SamplerParams::greedy())?;
+//! let mut messages = vec![];
+//! for question in ["What is the capital of France?", "And of Italy?"] {
+//!     messages.push(ChatMessage::new("user", question));
+//!     // Markup becomes control tokens, the user's text never does.
+//!     let prompt = template.render_chat(&messages, true)?.encode(&tok);
+//!     let out = model::generate(&model, &mut session, &prompt, 64, &mut sampler,
+//!                               |id| tok.is_stop(id), |_| {}).map_err(|e| e.source)?;
+//!     let reply = tok.decode(&out.tokens[..out.tokens.len() - usize::from(out.stopped)])?;
+//!     println!("{reply} ({} positions reused)", out.stats.reused_tokens);
+//!     messages.push(ChatMessage::new("assistant", reply));
+//! }
+//!
+//! // Every position's logits in one pass, [n, vocab]: what a perplexity needs.
+//! let ids = tok.encode("The quick brown fox", Special::Literal);
+//! let mut kv = GrowKv::new(model.kv_geometry(), ids.len())?;
+//! let logits = model.forward(&mut kv, &ids, Logits::All)?;
+//! assert_eq!(logits.nrows(), ids.len());
+//! # Ok(())
+//! # }
+//! ```
 
 // `unsafe` is denied everywhere in the core crate; the single audited exception is the
 // read-only memory map of a model file in `gguf/mmap.rs`.
