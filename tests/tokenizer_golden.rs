@@ -156,7 +156,11 @@ fn chat_template_reproduces_rendered_prompts() {
                 .expect("template renders")
                 .encode(t),
         );
-        assert_eq!(ids, ids_of(&p["prompt_ids"], "prompt_ids"), "chat prompt {text:?}");
+        assert_eq!(
+            ids,
+            ids_of(&p["prompt_ids"], "prompt_ids"),
+            "chat prompt {text:?}"
+        );
     }
     assert!(chats > 0, "logits.json has no chat prompt");
 }
