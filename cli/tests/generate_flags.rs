@@ -454,3 +454,40 @@ fn each_help_lists_only_options_that_act() {
     assert!(tokenize.contains("--parse-special"));
     assert!(!tokenize.contains("--backend"));
 }
+
+#[test]
+fn chat_takes_system_stop_and_sampling_flags() {
+    let model = smollm2();
+    let (stdout, _) = succeeds(&kvcore(
+        &[
+            "chat",
+            &model,
+            "--json",
+            "--ctx",
+            "512",
+            "--stop",
+            " of Fr",
+            "--system",
+            "You answer in one sentence.",
+            "--logit-bias",
+            "42-inf",
+        ],
+        &format!("{QUESTION}\nAnd of Italy?\n"),
+    ));
+    let turns = json_lines(&stdout);
+    assert_eq!(turns.len(), 2, "{stdout}");
+    assert_eq!(turns[0]["text"], "The capital");
+    assert_eq!(turns[0]["stop"], " of Fr");
+    for t in &turns {
+        assert!(
+            !ids(&t["tokens"]).contains(&42),
+            "a banned token was generated"
+        );
+    }
+    // Turn 2 reuses turn 1's positions, the system message among them.
+    assert!(
+        uint(&turns[1]["stats"], "reused_tokens") > 20,
+        "{}",
+        turns[1]
+    );
+}
