@@ -9,6 +9,7 @@ mod bench;
 mod chat;
 mod commands;
 mod info;
+mod perplexity;
 
 use backends::{BackendChoice, KvChoice, parse_activations, parse_logit_bias};
 use clap::{Args, Parser, Subcommand};
@@ -36,6 +37,9 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Print the sentence embedding of TEXT (mean-pooled, L2-normalised).
     Embed(EmbedArgs),
+    /// Score a text: perplexity over chunks (llama-perplexity's method) and, against a
+    /// base run saved with --save-logits, the KL divergence and top-1 agreement.
+    Perplexity(PerplexityArgs),
     /// Print a model's metadata and tensor table.
     Info(InfoArgs),
     /// Measure prompt processing (pp) and token generation (tg) speed.
@@ -270,6 +274,42 @@ struct EmbedArgs {
 }
 
 #[derive(Args, Debug)]
+struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text to score (UTF-8; tokenized as literal text).
+    #[arg(short = 'f', long, value_name = "FILE")]
+    file: PathBuf,
+    /// Chunk size in tokens: each chunk runs from an empty cache and its second half is
+    /// scored.
+    #[arg(
+        short = 'c',
+        long = "ctx",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
+    ctx: usize,
+    /// Score at most N chunks [default: every whole chunk of the text].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    chunks: Option<usize>,
+    /// KV store: grow (on demand) or dense (preallocated).
+    #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
+    kv: KvChoice,
+    /// Save every scored position's log-probabilities (f16) to FILE, the base of a later
+    /// --kl-base run (V × 2 bytes per position: ~25 MB per 512-token chunk of SmolLM2).
+    #[arg(long, value_name = "FILE")]
+    save_logits: Option<PathBuf>,
+    /// Compare with the log-probabilities in FILE (saved by --save-logits on the same
+    /// text and -c): mean and 99th-percentile KL divergence, top-1 agreement.
+    #[arg(long, value_name = "FILE", conflicts_with = "save_logits")]
+    kl_base: Option<PathBuf>,
+    /// Print one JSON object (ppl, ppl_stderr, tokens_scored, and with --kl-base
+    /// kld_mean, kld_p99, top1_agree).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
 struct InfoArgs {
     /// GGUF model file (see `generate`).
     model: Option<PathBuf>,
@@ -332,6 +372,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => commands::tokenize(a),
         Command::Embed(a) => commands::embed(a),
+        Command::Perplexity(a) => perplexity::perplexity(a),
         Command::Info(a) => info::info(a),
         Command::Bench(a) => commands::bench(a),
     };

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod generate;
 pub mod llama;
+pub mod perplexity;
 pub mod sample;
 
 pub use config::LlamaConfig;
