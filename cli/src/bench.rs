@@ -1,11 +1,13 @@
 //! `kvcore bench`: prompt-processing and token-generation throughput, in the spirit of
 //! llama-bench.
 //!
-//! For every (backend, threads) pair and every test — `pp N` (one batched forward pass of
-//! N prompt tokens) and `tg N` (N one-token decode steps from an empty cache) — it runs a
-//! warm-up and then `reps` timed repetitions, each on a fresh KV store, and reports the
-//! median and the spread (min–max) in tokens per second. Token ids are a fixed
-//! pseudo-random sequence, as llama-bench uses random tokens.
+//! For every (backend, threads) pair, every depth D and every test — `pp N` (one batched
+//! forward pass of N prompt tokens) and `tg N` (N one-token decode steps) — it runs a
+//! warm-up and then `reps` timed repetitions and reports the median and the spread
+//! (min–max) in tokens per second. At depth D (llama-bench's `-d`) the cache first holds D
+//! positions, prefilled once and untimed; each repetition starts from a fork of that
+//! store (at depth 0, a fresh one). Token ids are a fixed pseudo-random sequence, as
+//! llama-bench uses random tokens.
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
 use crate::commands::peak_rss_bytes;
@@ -24,8 +26,10 @@ pub struct BenchRow {
     pub kv: String,
     /// `"f32"` or `"q8"`.
     pub activations: String,
-    /// `"pp64"`, `"tg128"`, ...
+    /// `"pp64"`, `"tg128"`, `"tg128 @ d4096"`, ...
     pub test: String,
+    /// Positions in the cache before the test.
+    pub depth: usize,
     pub tokens: usize,
     /// Tokens per second of each repetition, in run order.
     pub tok_s: Vec<f64>,
@@ -43,6 +47,7 @@ pub struct BenchRow {
 pub struct Plan {
     pub prompt_sizes: Vec<usize>,
     pub gen_sizes: Vec<usize>,
+    pub depths: Vec<usize>,
     pub reps: usize,
     pub kv: KvChoice,
     pub activations: Vec<Activations>,
@@ -93,30 +98,42 @@ impl Job for BenchJob<'_> {
             .chain(self.plan.gen_sizes.iter().map(|&n| (false, n)));
         let tests: Vec<_> = self
             .plan
-            .activations
+            .depths
             .iter()
-            .flat_map(|&a| tests.clone().map(move |(p, n)| (a, p, n)))
+            .flat_map(|&d| {
+                let tests = tests.clone();
+                self.plan
+                    .activations
+                    .iter()
+                    .flat_map(move |&a| tests.clone().map(move |(p, n)| (d, a, p, n)))
+            })
             .collect();
-        for (acts, prefill, n) in tests {
+        let mut at_depth: Option<(usize, Box<dyn KvStore>)> = None;
+        for (depth, acts, prefill, n) in tests {
             model = model.with_activations(acts);
-            if n == 0 || n > ctx {
-                bail!("test size {n} must be between 1 and the context ({ctx})");
+            if n == 0 || depth + n > ctx {
+                bail!(
+                    "test size {n} at depth {depth} must be between 1 and the context ({ctx}) minus the depth"
+                );
             }
+            // The store at this depth, prefilled once (untimed), in one pass.
+            if at_depth.as_ref().map(|(d, _)| *d) != Some(depth) {
+                let mut kv: Box<dyn KvStore> = match self.plan.kv {
+                    KvChoice::Grow => Box::new(GrowKv::new(model.kv_geometry(), ctx)?),
+                    KvChoice::Dense => Box::new(DenseKv::new(model.kv_geometry(), ctx)?),
+                };
+                if depth > 0 {
+                    model.forward(&mut kv, &tokens(depth, c.vocab_size), Logits::None)?;
+                }
+                at_depth = Some((depth, kv));
+            }
+            let base = &at_depth.as_ref().expect("just set").1;
             let ids = tokens(n, c.vocab_size);
             let mut tok_s = Vec::new();
             let mut kv_bytes = 0;
             // One warm-up repetition, then the timed ones.
             for rep in 0..=self.plan.reps {
-                let (secs, bytes) = match self.plan.kv {
-                    KvChoice::Grow => {
-                        let kv = GrowKv::new(model.kv_geometry(), ctx)?;
-                        time_once(&model, kv, &ids, prefill)?
-                    }
-                    KvChoice::Dense => {
-                        let kv = DenseKv::new(model.kv_geometry(), ctx)?;
-                        time_once(&model, kv, &ids, prefill)?
-                    }
-                };
+                let (secs, bytes) = time_once(&model, base.fork_boxed()?, &ids, prefill)?;
                 if rep > 0 {
                     tok_s.push(n as f64 / secs);
                 }
@@ -128,7 +145,11 @@ impl Job for BenchJob<'_> {
                 threads: model.backend().threads(),
                 kv: self.plan.kv.to_string(),
                 activations: acts.name().to_string(),
-                test: format!("{}{n}", if prefill { "pp" } else { "tg" }),
+                test: match depth {
+                    0 => format!("{}{n}", if prefill { "pp" } else { "tg" }),
+                    d => format!("{}{n} @ d{d}", if prefill { "pp" } else { "tg" }),
+                },
+                depth,
                 tokens: n,
                 median_tok_s: median(&tok_s),
                 min_tok_s: tok_s.iter().copied().fold(f64::INFINITY, f64::min),
@@ -180,8 +201,10 @@ pub fn run(
             }
         }
     }
-    let per_combo =
-        (plan.prompt_sizes.len() + plan.gen_sizes.len()) * plan.activations.len() * (plan.reps + 1);
+    let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len())
+        * plan.activations.len()
+        * plan.depths.len()
+        * (plan.reps + 1);
     let bar = ProgressBar::new((combos.len() * per_combo) as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")

@@ -650,6 +650,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let plan = crate::bench::Plan {
         prompt_sizes: a.prompt.clone(),
         gen_sizes: a.gen_sizes.clone(),
+        depths: a.depth.clone(),
         reps: a.reps,
         kv: a.kv,
         activations: a.activations.clone(),

@@ -339,6 +339,15 @@ struct BenchArgs {
         default_value = "128"
     )]
     gen_sizes: Vec<usize>,
+    /// Cache depths, comma-separated: positions prefilled (untimed) before each test, as
+    /// llama-bench's -d.
+    #[arg(
+        short = 'd',
+        long = "depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    depth: Vec<usize>,
     /// Timed repetitions of each test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,

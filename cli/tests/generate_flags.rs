@@ -491,3 +491,58 @@ fn chat_takes_system_stop_and_sampling_flags() {
         turns[1]
     );
 }
+
+/// `bench -d`: each test runs on a cache that already holds D positions.
+#[test]
+fn bench_runs_at_depth() {
+    let model = smollm2();
+    let (stdout, _) = succeeds(&kvcore(
+        &[
+            "bench",
+            &model,
+            "-p",
+            "4",
+            "-n",
+            "3",
+            "-d",
+            "0,100",
+            "-r",
+            "1",
+            "--backend",
+            "simd",
+            "--json",
+        ],
+        "",
+    ));
+    let rows: Value = serde_json::from_str(&stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let labels: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap(), r["depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("pp4", 0),
+            ("tg3", 0),
+            ("pp4 @ d100", 100),
+            ("tg3 @ d100", 100)
+        ]
+    );
+    // 30 layers × (K + V) × 3 KV heads × 64 × 4 bytes per position.
+    let per_position = 30 * 2 * 3 * 64 * 4;
+    for r in &rows[2..] {
+        assert!(uint(r, "kv_bytes") >= 103 * per_position, "{r}");
+    }
+    let out = kvcore(
+        &[
+            "bench", &model, "-p", "4", "-n", "0", "-d", "9000", "-r", "1",
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("at depth 9000"),
+        "{stderr}"
+    );
+}
