@@ -5,7 +5,7 @@
 //! - [`backend`]: the compute contract, [`Backend`], implemented by the crates under
 //!   `backends/` (`kvcore-scalar`, `kvcore-simd`, `kvcore-rayon`).
 //!
-//! - [`model`]: the Llama forward pass, [`model::generate`] and the samplers.
+//! - [`model`]: the Llama forward pass, [`model::generate()`] and the samplers.
 //! - [`session`]: a [`Session`] keeps a conversation's cache across turns and in files.
 //! - [`tokenizer`] and [`gguf`]: the model file, its tokenizer and chat template.
 //!
