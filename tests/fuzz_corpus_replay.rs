@@ -1,7 +1,8 @@
 //! Replays the committed corpora of the `gguf_parse`, `gguf_model`, `tokenizer` and
 //! `session_load` fuzz targets on stable Rust, through the very check functions the targets run (the files
 //! under `fuzz/checks/`, included here with `#[path]`). An empty or missing corpus
-//! directory fails, and so does a missing SmolLM2 file (the tokenizer corpus runs on it).
+//! directory fails, and so does a missing SmolLM2 or Gemma 3 file (the tokenizer corpus
+//! runs on both).
 //!
 //! `write_seed_corpora` (ignored) regenerates the synthetic seeds; FUZZING.md says when.
 
@@ -69,12 +70,19 @@ fn gguf_model_corpus_replays() {
 
 #[test]
 fn tokenizer_corpus_replays() {
-    let path = kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required");
-    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
-    let real = tokenizer::Vocab::new(Tokenizer::from_gguf(&file).expect("SmolLM2 tokenizer"));
-    replay("tokenizer", |data| {
-        tokenizer::check_tokenizer(data, Some(&real))
-    });
+    let vocab = |path: Result<PathBuf, kvcore_fetch::FetchError>| {
+        let path = path.expect("the SmolLM2 and Gemma 3 model files are required");
+        let file = GgufFile::open_metadata(&path)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        tokenizer::Vocab::new(Tokenizer::from_gguf(&file).expect("a tokenizer"))
+    };
+    let bpe = vocab(kvcore_fetch::smollm2_path());
+    let spm = vocab(kvcore_fetch::gemma3_path());
+    let real = tokenizer::Real {
+        bpe: Some(&bpe),
+        spm: Some(&spm),
+    };
+    replay("tokenizer", |data| tokenizer::check_tokenizer(data, real));
 }
 
 #[test]
@@ -217,22 +225,41 @@ fn tokenizer_seeds() -> Vec<(String, Vec<u8>)> {
         "café Straße 你好 こんにちは Привет مرحبا 🙂 👍🏽 e\u{301}",
         "\u{40000}\u{a0}\u{200b}\u{0}\u{7f}",
         "<|im_end",
+        "<start_of_turn>user\nHi <b>there</b>▁▁ a▁b<end_of_turn>\n<eos>𠜎 🦩",
+        "aaaaaaaa abababab   the the the <x> <x>> <<x>",
     ];
+    // Modes 16 and 17 (synthetic SentencePiece) read a seed byte first.
     let mut seeds = Vec::new();
     for (i, text) in texts.iter().enumerate() {
-        for mode in [0u8, 2, 4, 6, 8] {
+        for header in [
+            &[0u8][..],
+            &[2],
+            &[4],
+            &[6],
+            &[8],
+            &[16, 0],
+            &[16, 1],
+            &[24],
+        ] {
+            let mode = header[0];
+            let seed = header
+                .get(1)
+                .map_or(String::new(), |s| format!("_seed_{s}"));
             seeds.push((
-                format!("text_{i}_mode_{mode}"),
-                [&[mode][..], text.as_bytes()].concat(),
+                format!("text_{i}_mode_{mode}{seed}"),
+                [header, text.as_bytes()].concat(),
             ));
         }
     }
     seeds.push(("invalid_utf8".into(), vec![0, 0xc3, 0x28, 0xf1, 0x80, 0xff]));
-    for mode in [1u8, 9] {
-        let ids = [
-            0u8, 0, 0, 0x0e, 0x01, 0, 0x05, 0x01, 0, 0xff, 0xff, 0xff, 0x41, 0, 0,
-        ];
-        seeds.push((format!("ids_mode_{mode}"), [&[mode][..], &ids[..]].concat()));
+    let ids = [
+        0u8, 0, 0, 0x0e, 0x01, 0, 0x05, 0x01, 0, 0xff, 0xff, 0xff, 0x41, 0, 0, 0xee, 0x01, 0,
+    ];
+    for header in [&[1u8][..], &[9], &[17, 3], &[25]] {
+        seeds.push((
+            format!("ids_mode_{}", header[0]),
+            [header, &ids[..]].concat(),
+        ));
     }
     seeds
 }

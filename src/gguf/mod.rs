@@ -11,6 +11,8 @@
 //! and every tensor's type, size and placement in the data section. After that, tensor
 //! data is handed out as borrowed slices ([`GgufFile::tensor_data`]) and [`Weights`] views
 //! ([`GgufFile::weights`]) of the file's own bytes: never copied, never dequantised.
+//! [`GgufFile::open_metadata`] stops after the metadata, for what a file says about
+//! itself (its tokenizer, its config) when its tensors are in formats kvcore cannot load.
 //!
 //! Tensor dims follow ggml: `dims[0]` (`ne0`) is the contiguous, fastest-varying
 //! dimension. As a matrix, a tensor is `[rows, cols]` with `cols = dims[0]` and
@@ -83,6 +85,21 @@ impl GgufFile {
     /// [`GgufError::NotAFile`] for a directory or other non-regular file, and any parse
     /// error of [`GgufFile::from_bytes`].
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        GgufFile::from_parsed(GgufFile::map(path)?, reader::parse)
+    }
+
+    /// Like [`GgufFile::open`], but parses only the header and the metadata: for the
+    /// tokenizer, chat template or config of a file whose tensors kvcore cannot load (a
+    /// weight format it does not implement). [`GgufFile::tensors`] is empty and
+    /// [`GgufFile::data_start`] is where the tensor table begins.
+    ///
+    /// Errors: those of [`GgufFile::open`] but the tensor table's.
+    pub fn open_metadata(path: &Path) -> Result<GgufFile, GgufError> {
+        GgufFile::from_parsed(GgufFile::map(path)?, reader::parse_metadata)
+    }
+
+    /// Memory-maps the regular file at `path` read-only.
+    fn map(path: &Path) -> Result<memmap2::Mmap, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -91,7 +108,7 @@ impl GgufFile {
             return Err(GgufError::NotAFile(path.to_path_buf()));
         }
         let file = std::fs::File::open(path).map_err(io)?;
-        GgufFile::from_storage(mmap::map_readonly(&file).map_err(io)?)
+        mmap::map_readonly(&file).map_err(io)
     }
 
     /// Parses a whole file held in memory.
@@ -104,7 +121,15 @@ impl GgufFile {
     pub fn from_storage(
         bytes: impl AsRef<[u8]> + Send + Sync + 'static,
     ) -> Result<GgufFile, GgufError> {
-        let p = reader::parse(bytes.as_ref())?;
+        GgufFile::from_parsed(bytes, reader::parse)
+    }
+
+    /// `bytes` as parsed by `parse`.
+    fn from_parsed(
+        bytes: impl AsRef<[u8]> + Send + Sync + 'static,
+        parse: fn(&[u8]) -> Result<reader::Parsed, GgufError>,
+    ) -> Result<GgufFile, GgufError> {
+        let p = parse(bytes.as_ref())?;
         Ok(GgufFile {
             bytes: Box::new(bytes),
             version: p.version,

@@ -42,6 +42,17 @@ pub(crate) struct Parsed {
 
 /// Parses and validates a whole GGUF file.
 pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed> {
+    parse_up_to(bytes, true)
+}
+
+/// Parses and validates the header and the metadata only: the tensor table is not read,
+/// so `tensors` is empty and `data_start` is where the table begins.
+pub(crate) fn parse_metadata(bytes: &[u8]) -> Result<Parsed> {
+    parse_up_to(bytes, false)
+}
+
+/// [`parse`], or with `tensors` false [`parse_metadata`].
+fn parse_up_to(bytes: &[u8], tensors: bool) -> Result<Parsed> {
     let mut c = Cursor { bytes, pos: 0 };
     let magic: [u8; 4] = c.array("magic")?;
     if &magic != b"GGUF" {
@@ -67,6 +78,17 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed> {
         metadata.push((key, value));
     }
     let alignment = alignment(&metadata, &keys)?;
+    if !tensors {
+        return Ok(Parsed {
+            version,
+            alignment,
+            metadata,
+            keys,
+            tensors: Vec::new(),
+            names: HashMap::new(),
+            data_start: c.pos,
+        });
+    }
 
     let n_tensors = c.check_count(
         tensor_count_at,
@@ -422,5 +444,34 @@ impl<'a> Cursor<'a> {
             type_id,
             offset,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufWriter;
+
+    #[test]
+    fn metadata_parses_without_the_tensor_table() {
+        let mut w = GgufWriter::new();
+        w.metadata("k", Value::U32(7))
+            .tensor("t", DType::Q8_0, &[32], vec![0; 34]);
+        let mut bytes = w.to_bytes();
+        // The tensor info is the name (u64 length + "t"), n_dims, one dim, then the type.
+        let name = [&1u64.to_le_bytes()[..], b"t"].concat();
+        let at = bytes.windows(9).position(|x| x == name).unwrap() + 9 + 4 + 8;
+        bytes[at..at + 4].copy_from_slice(&16u32.to_le_bytes()); // IQ2_XXS
+
+        assert!(matches!(
+            parse(&bytes),
+            Err(GgufError::UnsupportedTensorType { type_id: 16, .. })
+        ));
+        let p = parse_metadata(&bytes).unwrap();
+        assert_eq!(p.metadata, [("k".to_string(), Value::U32(7))]);
+        assert!(p.tensors.is_empty() && p.names.is_empty());
+        // A truncated tensor table does not matter either; truncated metadata does.
+        assert!(parse_metadata(&bytes[..at]).is_ok());
+        assert!(parse_metadata(&bytes[..30]).is_err());
     }
 }

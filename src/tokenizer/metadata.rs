@@ -1,21 +1,33 @@
 //! Reading the tokenizer and chat template from a GGUF file's metadata.
 //!
-//! Keys (llama.cpp names): `tokenizer.ggml.model` (must be `gpt2`, byte-level BPE),
-//! `tokenizer.ggml.pre` (pre-tokenizer; absent means llama.cpp's `default`),
-//! `tokenizer.ggml.tokens` (string array), `tokenizer.ggml.token_type` (integer array,
-//! optional), `tokenizer.ggml.merges` (string array), `tokenizer.ggml.{bos,eos,eot,eom}_token_id`
-//! (optional integers), `tokenizer.ggml.add_bos_token` (optional bool) and
-//! `tokenizer.chat_template` (optional string).
+//! Keys (llama.cpp names):
+//! - `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece);
+//! - `tokenizer.ggml.tokens` (string array) and `tokenizer.ggml.token_type` (integer
+//!   array, optional: all normal);
+//! - BPE only: `tokenizer.ggml.merges` (string array) and `tokenizer.ggml.pre`
+//!   (pre-tokenizer; absent means llama.cpp's `default`);
+//! - SentencePiece only: `tokenizer.ggml.scores` (float or integer array, optional: all 0)
+//!   and `tokenizer.ggml.add_space_prefix` (optional bool, default true as in llama.cpp);
+//! - `tokenizer.ggml.{bos,eos,eot,eom}_token_id` (optional integers; for SentencePiece
+//!   BOS and EOS default to llama.cpp's 1 and 2);
+//! - `tokenizer.ggml.add_bos_token` (optional bool; the default is true for
+//!   SentencePiece and the Llama 3 pre-tokenizer, false otherwise);
+//! - `tokenizer.chat_template` (optional string).
 
 use crate::gguf::{GgufError, GgufFile, Value};
 
-use super::{ChatTemplate, PreTokenizerKind, TokenType, Tokenizer, TokenizerError, TokenizerSpec};
+use super::{
+    ChatTemplate, PreTokenizerKind, TokenType, Tokenizer, TokenizerError, TokenizerModel,
+    TokenizerSpec,
+};
 
 const MODEL: &str = "tokenizer.ggml.model";
 const PRE: &str = "tokenizer.ggml.pre";
 const TOKENS: &str = "tokenizer.ggml.tokens";
 const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
 const MERGES: &str = "tokenizer.ggml.merges";
+const SCORES: &str = "tokenizer.ggml.scores";
+const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 const BOS: &str = "tokenizer.ggml.bos_token_id";
 const EOS: &str = "tokenizer.ggml.eos_token_id";
 const EOT: &str = "tokenizer.ggml.eot_token_id";
@@ -27,18 +39,42 @@ impl Tokenizer {
     /// Builds the tokenizer described by the file's `tokenizer.*` metadata.
     ///
     /// # Errors
-    /// [`TokenizerError::UnsupportedModel`] unless `tokenizer.ggml.model` is `gpt2`;
-    /// [`TokenizerError::UnsupportedPre`] naming an unknown `tokenizer.ggml.pre`;
+    /// [`TokenizerError::UnsupportedModel`] unless `tokenizer.ggml.model` is `gpt2` or
+    /// `llama`; [`TokenizerError::UnsupportedPre`] naming an unknown `tokenizer.ggml.pre`
+    /// (BPE);
     /// [`TokenizerError::Gguf`] for a missing key or a value of the wrong type (an array
     /// element is named `key[index]`); [`TokenizerError::BadTokenType`]; and the errors
     /// of [`Tokenizer::new`].
     pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-        let model = f.get_str(MODEL)?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
-        }
-        let pre = PreTokenizerKind::from_name(optional(f, PRE, GgufFile::get_str)?)?;
+        let name = f.get_str(MODEL)?;
         let tokens = strings(f, TOKENS)?;
+        // The model, whether BOS is added without an add_bos_token key, and llama.cpp's
+        // BOS and EOS ids for a file that names none.
+        let (model, default_add_bos, default_ids) = match name {
+            "gpt2" => {
+                let pre = PreTokenizerKind::from_name(optional(f, PRE, GgufFile::get_str)?)?;
+                let merges = strings(f, MERGES)?;
+                (
+                    TokenizerModel::Bpe { merges, pre },
+                    pre.default_add_bos(),
+                    (None, None),
+                )
+            }
+            "llama" => {
+                let scores = match f.get(SCORES) {
+                    None => vec![0.0; tokens.len()],
+                    Some(_) => floats(f, SCORES)?,
+                };
+                let add_space_prefix =
+                    optional(f, ADD_SPACE_PREFIX, GgufFile::get_bool)?.unwrap_or(true);
+                let model = TokenizerModel::Spm {
+                    scores,
+                    add_space_prefix,
+                };
+                (model, true, (Some(1), Some(2)))
+            }
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
         let token_types = match f.get(TOKEN_TYPE) {
             None => Vec::new(),
             Some(_) => f
@@ -53,17 +89,18 @@ impl Tokenizer {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let merges = strings(f, MERGES)?;
-        let add_bos = optional(f, ADD_BOS, GgufFile::get_bool)?.unwrap_or(pre.default_add_bos());
+        let add_bos = optional(f, ADD_BOS, GgufFile::get_bool)?.unwrap_or(default_add_bos);
+        let n = tokens.len();
+        let or_default =
+            |id: Option<u32>, default: Option<u32>| id.or(default.filter(|&d| (d as usize) < n));
         Tokenizer::new(TokenizerSpec {
-            bos: special_id(f, BOS, "bos", tokens.len())?,
-            eos: special_id(f, EOS, "eos", tokens.len())?,
-            eot: special_id(f, EOT, "eot", tokens.len())?,
-            eom: special_id(f, EOM, "eom", tokens.len())?,
+            bos: or_default(special_id(f, BOS, "bos", n)?, default_ids.0),
+            eos: or_default(special_id(f, EOS, "eos", n)?, default_ids.1),
+            eot: special_id(f, EOT, "eot", n)?,
+            eom: special_id(f, EOM, "eom", n)?,
             tokens,
             token_types,
-            merges,
-            pre,
+            model,
             add_bos,
         })
     }
@@ -119,6 +156,19 @@ fn strings(f: &GgufFile, key: &str) -> Result<Vec<String>, TokenizerError> {
         .collect()
 }
 
+/// A number-array key as `f32`s (float elements, or integers as llama.cpp also accepts).
+fn floats(f: &GgufFile, key: &str) -> Result<Vec<f32>, TokenizerError> {
+    f.get_array(key)?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_f32()
+                .or_else(|| v.as_i64().map(|x| x as f32))
+                .ok_or_else(|| wrong_element(key, i, v, "number"))
+        })
+        .collect()
+}
+
 /// An optional special-token id, checked against the vocabulary size.
 fn special_id(
     f: &GgufFile,
@@ -159,7 +209,7 @@ mod tests {
     fn file(changes: Vec<(&str, Value)>) -> GgufFile {
         let strs =
             |xs: &[&str]| Value::Array(xs.iter().map(|s| Value::Str(s.to_string())).collect());
-        let mut entries = vec![
+        let entries = vec![
             (MODEL, Value::Str("gpt2".into())),
             (PRE, Value::Str("smollm".into())),
             (TOKENS, strs(&["a", "b", "ab", "<|im_end|>"])),
@@ -171,6 +221,11 @@ mod tests {
             (EOS, Value::U32(3)),
             (CHAT_TEMPLATE, Value::Str("{{ eos_token }}".into())),
         ];
+        build(entries, changes)
+    }
+
+    /// A file holding `entries`, with `changes` replacing (or adding) some.
+    fn build<'k>(mut entries: Vec<(&'k str, Value)>, changes: Vec<(&'k str, Value)>) -> GgufFile {
         for (key, value) in changes {
             entries.retain(|(k, _)| *k != key);
             entries.push((key, value));
@@ -190,7 +245,7 @@ mod tests {
         assert_eq!(t.eos_id(), Some(3));
         assert!(t.is_stop(3));
         assert!(!t.add_bos());
-        assert_eq!(t.pre_tokenizer(), PreTokenizerKind::DigitsThenGpt2);
+        assert_eq!(t.pre_tokenizer(), Some(PreTokenizerKind::DigitsThenGpt2));
         let tpl = ChatTemplate::from_gguf(&f).unwrap().unwrap();
         assert_eq!(tpl.render(&[], false).unwrap(), "<|im_end|>");
     }
@@ -221,8 +276,65 @@ mod tests {
             "{err}"
         );
 
+        let err = Tokenizer::from_gguf(&file(vec![(MODEL, Value::Str("t5".into()))])).unwrap_err();
+        assert!(matches!(err, TokenizerError::UnsupportedModel(m) if m == "t5"));
+
+        let scores = Value::Array(vec![Value::Str("x".into()); 4]);
+        let err = Tokenizer::from_gguf(&spm_file(vec![(SCORES, scores)])).unwrap_err();
+        assert!(
+            err.to_string().contains("tokenizer.ggml.scores[0]"),
+            "{err}"
+        );
         let err =
-            Tokenizer::from_gguf(&file(vec![(MODEL, Value::Str("llama".into()))])).unwrap_err();
-        assert!(matches!(err, TokenizerError::UnsupportedModel(m) if m == "llama"));
+            Tokenizer::from_gguf(&spm_file(vec![(SCORES, Value::Array(vec![]))])).unwrap_err();
+        assert!(matches!(
+            err,
+            TokenizerError::ScoreCountMismatch {
+                tokens: 4,
+                scores: 0
+            }
+        ));
+    }
+
+    /// A SentencePiece file: `"▁"`, `"a"`, `"▁a"`, `"<eos>"` with scores, and no EOS id,
+    /// `add_bos_token` or `add_space_prefix`; `changes` as for [`file`].
+    fn spm_file(changes: Vec<(&str, Value)>) -> GgufFile {
+        let strs =
+            |xs: &[&str]| Value::Array(xs.iter().map(|s| Value::Str(s.to_string())).collect());
+        let entries = vec![
+            (MODEL, Value::Str("llama".into())),
+            (TOKENS, strs(&["▁", "a", "▁a", "<eos>"])),
+            (
+                TOKEN_TYPE,
+                Value::Array([1, 1, 1, 3].map(Value::I32).to_vec()),
+            ),
+            (
+                SCORES,
+                Value::Array([-1, -1, 0, 0].map(Value::I32).to_vec()),
+            ),
+        ];
+        build(entries, changes)
+    }
+
+    #[test]
+    fn reads_a_sentencepiece_vocabulary_with_llama_cpp_defaults() {
+        let t = Tokenizer::from_gguf(&spm_file(vec![])).unwrap();
+        // The space prefix is on by default: " a" and "a" both start with "▁a".
+        assert_eq!(t.encode("a", Special::Parse), [2]);
+        assert_eq!(t.encode(" a", Special::Parse), [0, 2]);
+        assert_eq!(t.decode(&[0, 2]).unwrap(), "  a");
+        assert_eq!((t.bos_id(), t.eos_id()), (Some(1), Some(2)));
+        assert!(t.add_bos());
+        assert_eq!(t.pre_tokenizer(), None);
+
+        let f = spm_file(vec![
+            (ADD_SPACE_PREFIX, Value::Bool(false)),
+            (ADD_BOS, Value::Bool(false)),
+            (EOS, Value::U32(3)),
+        ]);
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        assert_eq!(t.encode("a", Special::Parse), [1]);
+        assert_eq!(t.eos_id(), Some(3));
+        assert!(!t.add_bos());
     }
 }

@@ -1,22 +1,33 @@
-//! The tokenizer: byte-level BPE built from a GGUF file's own vocabulary, its chat
-//! template, and streaming detokenization.
+//! The tokenizer: the two algorithms llama.cpp runs on GGUF vocabularies, byte-level BPE
+//! (`tokenizer.ggml.model = gpt2`, SmolLM2) and SentencePiece merging by score (`llama`,
+//! Gemma 3), built from a GGUF file's own vocabulary; its chat template; and streaming
+//! detokenization.
 //!
-//! Encoding follows llama.cpp (`llama_tokenize` with `parse_special = true`, no BOS) step
-//! by step, so ids match it exactly:
-//! 1. `special`: cut the text at special tokens (control, user-defined and unknown types),
-//!    longest first; those become their ids directly.
-//! 2. `pretokenize`: split every other stretch into words with the regex list that
-//!    `tokenizer.ggml.pre` names.
-//! 3. `bpe`: write each word's bytes as their vocabulary chars (`bytes`, the GPT-2
-//!    byte-to-unicode map) and merge adjacent pairs by rank (`tokenizer.ggml.merges`).
+//! Encoding follows llama.cpp (`llama_tokenize`, no BOS) step by step, so ids match it
+//! exactly:
+//! 1. `special`: cut the text at special tokens, longest first; those become their ids
+//!    directly. User-defined tokens (type 4, e.g. Gemma's runs of newlines, spaces and tabs
+//!    and its HTML tags) are cut in every mode, control and unknown tokens only with
+//!    [`Special::Parse`].
+//! 2. Every stretch of text between them is encoded by the file's algorithm:
+//!    - `bpe`: split into words with the regex list that `tokenizer.ggml.pre` names
+//!      (`pretokenize`), write each word's bytes as their vocabulary chars (`bytes`, the
+//!      GPT-2 byte-to-unicode map) and merge adjacent pairs by rank
+//!      (`tokenizer.ggml.merges`);
+//!    - `spm`: write every space as `▁` (U+2581), then merge adjacent pieces by score
+//!      (`tokenizer.ggml.scores`); a character left without a token becomes the byte
+//!      tokens `<0xNN>` of its UTF-8 bytes.
 //!
-//! Decoding maps each id to bytes (ordinary tokens through the byte map reversed; control,
-//! user-defined and unknown tokens as their literal text), concatenates, and replaces
-//! invalid UTF-8 only once at the end; [`StreamDecoder`] does the same incrementally.
+//! Decoding maps each id to bytes (ordinary tokens through the byte map reversed, or with
+//! `▁` read as a space; byte tokens `<0xNN>` as their byte; control, user-defined and
+//! unknown tokens as their literal text), concatenates, and replaces invalid UTF-8 only once
+//! at the end; [`StreamDecoder`] does the same incrementally, so a character spelled by
+//! several tokens (BPE pieces or byte-fallback tokens) comes out whole.
 //! [`ChatTemplate`] renders the file's Jinja chat template with `minijinja`.
 //!
 //! Layout: the vocabulary is a `Vec` indexed by token id (`u32`), with a text → id map and
-//! each token's decoded bytes precomputed; merges are keyed by the pair of token ids.
+//! each token's decoded bytes precomputed; beside it, the algorithm's own tables (BPE
+//! merges keyed by the pair of token ids, SentencePiece scores by id) in an enum.
 
 mod bpe;
 mod bytes;
@@ -24,6 +35,7 @@ mod chat;
 mod metadata;
 mod pretokenize;
 mod special;
+mod spm;
 mod stream;
 
 use std::collections::HashMap;
@@ -32,10 +44,9 @@ pub use chat::{ChatMessage, ChatPart, ChatTemplate, PartKind, RenderedChat};
 pub use pretokenize::PreTokenizerKind;
 pub use stream::{StopMatcher, StreamDecoder};
 
-use bpe::MergeTable;
-use bytes::ByteMap;
-use pretokenize::PreTokenizer;
+use bpe::Bpe;
 use special::Fragment;
+use spm::Spm;
 
 /// Errors from building a tokenizer, decoding, or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +61,10 @@ pub enum TokenizerError {
         vocab_size: usize,
     },
     /// `tokenizer.ggml.model` names a tokenizer kvcore does not implement.
-    #[error("unsupported tokenizer model {0:?}: only byte-level BPE (\"gpt2\") is implemented")]
+    #[error(
+        "unsupported tokenizer model {0:?}: supported are \"gpt2\" (byte-level BPE) and \
+         \"llama\" (SentencePiece)"
+    )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer kvcore does not implement.
     #[error(
@@ -71,6 +85,14 @@ pub enum TokenizerError {
         tokens: usize,
         /// Number of token types.
         types: usize,
+    },
+    /// The score list does not have one entry per token.
+    #[error("{scores} token scores for {tokens} tokens")]
+    ScoreCountMismatch {
+        /// Number of tokens.
+        tokens: usize,
+        /// Number of scores.
+        scores: usize,
     },
     /// A token type code outside llama.cpp's `0..=6`.
     #[error("token {index} has unknown token type {code}")]
@@ -133,7 +155,8 @@ impl From<crate::gguf::GgufError> for TokenizerError {
 pub enum TokenType {
     /// Code 0: no type recorded; treated like [`TokenType::Normal`].
     Undefined,
-    /// Code 1: an ordinary vocabulary token, text in byte-level form.
+    /// Code 1: an ordinary vocabulary token, text in byte-level form (BPE) or with `▁` for
+    /// a space (SentencePiece).
     Normal,
     /// Code 2: the unknown token; matched and printed as literal text.
     Unknown,
@@ -186,20 +209,40 @@ const STOP_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 
+/// The encoding algorithm and its own data (`tokenizer.ggml.model` and what it needs).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum TokenizerModel {
+    /// Byte-level BPE (`gpt2`): pre-tokenize, then merge by rank.
+    Bpe {
+        /// Merge rules `"left right"`, rank = index (`tokenizer.ggml.merges`).
+        merges: Vec<String>,
+        /// The pre-tokenizer family (`tokenizer.ggml.pre`).
+        pre: PreTokenizerKind,
+    },
+    /// SentencePiece (`llama`): spaces as `▁`, merge by score, byte fallback.
+    Spm {
+        /// One score per token, higher merges first (`tokenizer.ggml.scores`).
+        scores: Vec<f32>,
+        /// Whether a `▁` goes before text at the start and after each special token
+        /// (`tokenizer.ggml.add_space_prefix`; false for Gemma 3).
+        add_space_prefix: bool,
+    },
+}
+
 /// Everything needed to build a [`Tokenizer`], as plain data (what the GGUF metadata
 /// holds, already decoded).
 #[derive(Debug, Clone)]
 pub struct TokenizerSpec {
-    /// Token texts indexed by id (`tokenizer.ggml.tokens`), ordinary tokens in GPT-2
-    /// byte-level form (`"Ġthe"` is `" the"`).
+    /// Token texts indexed by id (`tokenizer.ggml.tokens`), ordinary tokens in the model's
+    /// form: GPT-2 byte-level for BPE (`"Ġthe"` is `" the"`), `▁` for a space for
+    /// SentencePiece (`"▁the"`).
     pub tokens: Vec<String>,
     /// One type per token (`tokenizer.ggml.token_type`); empty means all
     /// [`TokenType::Normal`].
     pub token_types: Vec<TokenType>,
-    /// Merge rules `"left right"`, rank = index (`tokenizer.ggml.merges`).
-    pub merges: Vec<String>,
-    /// The pre-tokenizer family (`tokenizer.ggml.pre`).
-    pub pre: PreTokenizerKind,
+    /// The algorithm and its data.
+    pub model: TokenizerModel,
     /// Beginning-of-sequence id (`tokenizer.ggml.bos_token_id`).
     pub bos: Option<u32>,
     /// End-of-sequence id (`tokenizer.ggml.eos_token_id`).
@@ -213,7 +256,7 @@ pub struct TokenizerSpec {
     pub add_bos: bool,
 }
 
-/// A byte-level BPE tokenizer (see the module doc for the algorithm).
+/// A byte-level BPE or SentencePiece tokenizer (see the module doc for the algorithms).
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     /// Token texts by id, as stored in the file.
@@ -224,11 +267,7 @@ pub struct Tokenizer {
     token_bytes: Vec<Box<[u8]>>,
     /// Exact text → id (the last id wins for a repeated text, as in llama.cpp).
     token_to_id: HashMap<String, u32>,
-    /// `byte_ids[b]`: the token for the single byte `b`, if the vocabulary has one.
-    byte_ids: [Option<u32>; 256],
-    byte_map: ByteMap,
-    merges: MergeTable,
-    pre: PreTokenizer,
+    algorithm: Algorithm,
     /// Special tokens `(id, text)` matched in input with [`Special::Parse`], longest
     /// text first.
     specials: Vec<(u32, String)>,
@@ -241,19 +280,26 @@ pub struct Tokenizer {
     add_bos: bool,
 }
 
+/// The encoding algorithm with its tables (boxed: both hold 256-entry byte tables).
+#[derive(Debug, Clone)]
+enum Algorithm {
+    Bpe(Box<Bpe>),
+    Spm(Box<Spm>),
+}
+
 impl Tokenizer {
     /// Builds a tokenizer from plain data.
     ///
     /// # Errors
     /// [`TokenizerError::BadVocabSize`], [`TokenizerError::TypeCountMismatch`],
     /// [`TokenizerError::BadMerge`] (a side or the result is not a token, or no space
-    /// separator), [`TokenizerError::SpecialIdOutOfRange`].
+    /// separator), [`TokenizerError::ScoreCountMismatch`],
+    /// [`TokenizerError::SpecialIdOutOfRange`].
     pub fn new(spec: TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
         let TokenizerSpec {
             tokens,
             token_types,
-            merges,
-            pre,
+            model,
             bos,
             eos,
             eot,
@@ -284,23 +330,30 @@ impl Tokenizer {
             }
         }
 
-        let byte_map = ByteMap::new();
         let token_to_id: HashMap<String, u32> = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
+        let algorithm = match model {
+            TokenizerModel::Bpe { merges, pre } => {
+                Algorithm::Bpe(Box::new(Bpe::new(&merges, pre, &token_to_id)?))
+            }
+            TokenizerModel::Spm {
+                scores,
+                add_space_prefix,
+            } => Algorithm::Spm(Box::new(Spm::new(
+                scores,
+                &types,
+                &token_to_id,
+                add_space_prefix,
+            )?)),
+        };
         let token_bytes = tokens
             .iter()
             .zip(&types)
-            .map(|(text, &ty)| token_to_bytes(&byte_map, text, ty))
+            .map(|(text, &ty)| algorithm.token_to_bytes(text, ty))
             .collect();
-        let mut byte_ids = [None; 256];
-        for (b, slot) in byte_ids.iter_mut().enumerate() {
-            let c = byte_map.char_of(b as u8);
-            *slot = token_to_id.get(c.encode_utf8(&mut [0; 4]) as &str).copied();
-        }
-        let merges = build_merges(&merges, &token_to_id)?;
 
         let mut specials: Vec<(u32, String)> = tokens
             .iter()
@@ -330,10 +383,7 @@ impl Tokenizer {
             types,
             token_bytes,
             token_to_id,
-            byte_ids,
-            byte_map,
-            merges,
-            pre: PreTokenizer::new(pre),
+            algorithm,
             specials,
             user_defined,
             stops,
@@ -348,28 +398,36 @@ impl Tokenizer {
     /// `special` says whose text this is. [`Special::Parse`] is for text the program
     /// wrote, such as a chat template's markup: control-token texts (`<|im_start|>`)
     /// become their ids. [`Special::Literal`] is for text a user wrote: control-token
-    /// texts stay text, encoded as ordinary byte-level pieces, so a message cannot end
-    /// its own turn. User-defined tokens (type 4) are matched in both modes, as in
-    /// llama.cpp.
+    /// texts stay text, encoded as ordinary pieces, so a message cannot end its own turn.
+    /// User-defined tokens (type 4) are matched in both modes, as in llama.cpp.
     ///
-    /// A byte whose single-byte token is missing from the vocabulary is dropped, as in
+    /// BPE: a byte whose single-byte token is missing from the vocabulary is dropped, as in
     /// llama.cpp (SmolLM2's lacks 21 bytes, among them `0xF1` and `0xF2`, the lead bytes of
-    /// planes 4 to 11). Whenever every byte of `text` has a token, decoding gives `text` back.
+    /// planes 4 to 11). Whenever every byte of `text` has a token, decoding gives `text`
+    /// back. SentencePiece: a character without a token falls back to its byte tokens
+    /// (Gemma 3 has all 256), and decoding gives `text` back with every `▁` as a space.
     pub fn encode(&self, text: &str, special: Special) -> Vec<u32> {
         let specials = match special {
             Special::Parse => &self.specials,
             Special::Literal => &self.user_defined,
         };
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut scratch = Vec::new();
+        let mut after_special = true;
         for frag in special::partition(text, specials) {
             match frag {
-                Fragment::Special(id) => out.push(id),
+                Fragment::Special(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
                 Fragment::Text(range) => {
                     let part = &text[range];
-                    for word in self.pre.split(part) {
-                        self.encode_word(&part[word], &mut scratch, &mut out);
+                    match &self.algorithm {
+                        Algorithm::Bpe(bpe) => bpe.encode(part, &self.token_to_id, &mut out),
+                        Algorithm::Spm(spm) => {
+                            spm.encode(part, after_special, &self.token_to_id, &mut out)
+                        }
                     }
+                    after_special = false;
                 }
             }
         }
@@ -383,31 +441,6 @@ impl Tokenizer {
             self.types.get(id as usize),
             Some(TokenType::Control | TokenType::Unknown)
         )
-    }
-
-    /// BPE-encodes one pre-tokenized word, appending to `out`; `scratch` is reused
-    /// storage for the word's initial symbols.
-    fn encode_word(&self, word: &str, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
-        if self.pre.kind().ignore_merges() {
-            let encoded = self.byte_map.encode(word.as_bytes());
-            if let Some(&id) = self.token_to_id.get(&encoded) {
-                out.push(id);
-                return;
-            }
-        }
-        // A byte without a token is dropped and, as in llama.cpp, its neighbours do not
-        // merge across the gap.
-        scratch.clear();
-        for b in word.bytes() {
-            match self.byte_ids[usize::from(b)] {
-                Some(id) => scratch.push(id),
-                None => {
-                    bpe::merge_word(&self.merges, scratch, out);
-                    scratch.clear();
-                }
-            }
-        }
-        bpe::merge_word(&self.merges, scratch, out);
     }
 
     /// Decodes ids to text: the tokens' bytes concatenated, then read as UTF-8 with each
@@ -476,7 +509,7 @@ impl Tokenizer {
     }
 
     /// The id of the token whose stored text is exactly `text` (`"<|im_end|>"`, or an
-    /// ordinary token in byte-level form such as `"Ġthe"`).
+    /// ordinary token in the vocabulary's form, such as `"Ġthe"` or `"▁the"`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.token_to_id.get(text).copied()
     }
@@ -491,24 +524,33 @@ impl Tokenizer {
         self.types.get(id as usize).copied()
     }
 
-    /// The pre-tokenizer family in use.
-    pub fn pre_tokenizer(&self) -> PreTokenizerKind {
-        self.pre.kind()
+    /// The pre-tokenizer family in use; `None` for SentencePiece, which has none.
+    pub fn pre_tokenizer(&self) -> Option<PreTokenizerKind> {
+        match &self.algorithm {
+            Algorithm::Bpe(bpe) => Some(bpe.pre_kind()),
+            Algorithm::Spm(_) => None,
+        }
     }
 }
 
-/// The bytes a token stands for: special tokens are their literal text, byte tokens
-/// `<0xHH>` their byte, everything else goes through the byte-level map.
-fn token_to_bytes(map: &ByteMap, text: &str, ty: TokenType) -> Box<[u8]> {
-    if ty.is_special() {
-        return text.as_bytes().into();
-    }
-    if ty == TokenType::Byte {
-        if let Some(b) = parse_byte_token(text) {
-            return Box::new([b]);
+impl Algorithm {
+    /// The bytes a token stands for: special tokens are their literal text, byte tokens
+    /// `<0xHH>` their byte, ordinary ones go through the algorithm's own spelling.
+    fn token_to_bytes(&self, text: &str, ty: TokenType) -> Box<[u8]> {
+        if ty.is_special() {
+            return text.as_bytes().into();
         }
+        if ty == TokenType::Byte {
+            if let Some(b) = parse_byte_token(text) {
+                return Box::new([b]);
+            }
+        }
+        match self {
+            Algorithm::Bpe(bpe) => bpe.token_bytes(text),
+            Algorithm::Spm(_) => spm::token_bytes(text),
+        }
+        .into_boxed_slice()
     }
-    map.decode(text).into_boxed_slice()
 }
 
 /// `"<0x41>"` → `0x41`.
@@ -520,42 +562,9 @@ fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
-/// Parses the merge list into a table keyed by token ids.
-fn build_merges(
-    merges: &[String],
-    token_to_id: &HashMap<String, u32>,
-) -> Result<MergeTable, TokenizerError> {
-    let mut table = MergeTable::default();
-    for (index, merge) in merges.iter().enumerate() {
-        let bad = |reason: String| TokenizerError::BadMerge {
-            index,
-            merge: merge.clone(),
-            reason,
-        };
-        // Split at the first space after the first character (llama.cpp searches from
-        // index 1, so a left side of " " would survive).
-        let first_len = merge.chars().next().map_or(0, char::len_utf8);
-        let space = merge[first_len..]
-            .find(' ')
-            .map(|p| p + first_len)
-            .ok_or_else(|| bad("no space between the two tokens".to_string()))?;
-        let (left, right) = (&merge[..space], &merge[space + 1..]);
-        let id_of = |t: &str| {
-            token_to_id
-                .get(t)
-                .copied()
-                .ok_or_else(|| bad(format!("{t:?} is not a token")))
-        };
-        let (l, r) = (id_of(left)?, id_of(right)?);
-        let merged = id_of(&format!("{left}{right}"))?;
-        let rank = u32::try_from(index).map_err(|_| bad("rank exceeds u32".to_string()))?;
-        table.insert(l, r, rank, merged);
-    }
-    Ok(table)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::bytes::ByteMap;
     use super::*;
 
     /// A toy vocabulary: the 256 byte chars, then merged tokens and two specials.
@@ -571,8 +580,10 @@ mod tests {
         Tokenizer::new(TokenizerSpec {
             tokens,
             token_types: types,
-            merges: vec!["Ġ h".into(), "Ġh i".into(), "h i".into()],
-            pre: PreTokenizerKind::Gpt2,
+            model: TokenizerModel::Bpe {
+                merges: vec!["Ġ h".into(), "Ġh i".into(), "h i".into()],
+                pre: PreTokenizerKind::Gpt2,
+            },
             bos: None,
             eos: Some(256 + 3),
             eot: None,
@@ -618,8 +629,10 @@ mod tests {
         let spec = TokenizerSpec {
             tokens: vec!["a".into(), "b".into()],
             token_types: vec![],
-            merges: vec!["a b".into()],
-            pre: PreTokenizerKind::Gpt2,
+            model: TokenizerModel::Bpe {
+                merges: vec!["a b".into()],
+                pre: PreTokenizerKind::Gpt2,
+            },
             bos: None,
             eos: None,
             eot: None,
@@ -628,6 +641,74 @@ mod tests {
         };
         let err = Tokenizer::new(spec).unwrap_err();
         assert!(err.to_string().contains("\"ab\" is not a token"), "{err}");
+    }
+
+    /// A toy SentencePiece vocabulary in Gemma's shape: a control turn marker, a
+    /// user-defined run of two spaces, ordinary pieces with `▁`, and every byte token.
+    fn toy_spm() -> Tokenizer {
+        let mut tokens: Vec<String> = ["<eos>", "<turn>", "  ", "▁", "h", "i", "▁h", "▁hi", "hi"]
+            .map(String::from)
+            .to_vec();
+        let mut types = [3, 3, 4, 1, 1, 1, 1, 1, 1]
+            .map(|c| TokenType::from_code(c).unwrap())
+            .to_vec();
+        let mut scores = vec![0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -3.0, -2.0, -4.0];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(TokenType::Byte);
+            scores.push(0.0);
+        }
+        Tokenizer::new(TokenizerSpec {
+            tokens,
+            token_types: types,
+            model: TokenizerModel::Spm {
+                scores,
+                add_space_prefix: false,
+            },
+            bos: None,
+            eos: Some(0),
+            eot: None,
+            eom: None,
+            add_bos: true,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_cuts_user_defined_always_and_control_only_when_parsing() {
+        let t = toy_spm();
+        let id = |s: &str| t.token_id(s).unwrap();
+        let text = "hi  hi<turn> é";
+        // "  " is user-defined: the "hi" after it gets no ▁. The ▁ before "é" stays
+        // alone, and "é" (no token) is its two bytes.
+        let parsed = t.encode(text, Special::Parse);
+        assert_eq!(
+            parsed,
+            [
+                id("hi"),
+                id("  "),
+                id("hi"),
+                id("<turn>"),
+                id("▁"),
+                id("<0xC3>"),
+                id("<0xA9>")
+            ]
+        );
+        let literal = t.encode(text, Special::Literal);
+        assert!(!literal.iter().any(|&i| t.is_control(i)), "{literal:?}");
+        assert_eq!(&literal[..3], &parsed[..3]);
+        for ids in [&parsed, &literal] {
+            assert_eq!(t.decode(ids).unwrap(), text);
+            let mut stream = t.stream();
+            let chunks: Vec<String> = ids.iter().map(|&i| stream.push(i).unwrap()).collect();
+            assert_eq!(stream.finish(), "");
+            assert!(chunks.iter().all(|c| !c.contains('\u{fffd}')), "{chunks:?}");
+            assert_eq!(chunks.concat(), text);
+        }
+        // " hi": "▁h" (-3) beats "hi" (-4), and then "▁hi" (-2) forms.
+        assert_eq!(t.encode(" hi", Special::Literal), [id("▁hi")]);
+        assert!(t.is_stop(id("<eos>")) && t.is_control(id("<turn>")));
+        assert_eq!(t.pre_tokenizer(), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Shared by the CLI tests that drive the real binary on SmolLM2: the model path, temp
-//! directories, and running `kvcore` with arguments and piped stdin.
+//! Shared by the CLI tests that drive the real binary (on SmolLM2, and on Gemma 3 for its
+//! tokenizer): the SmolLM2 path, temp directories, and running `kvcore` with arguments and
+//! piped stdin.
 
 #![allow(dead_code)]
 
