@@ -12,19 +12,19 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{Special, TokenType, Tokenizer, TokenizerError};
+use kvcore::tokenizer::{Special, TokenType, Tokenizer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use serde_json::Value;
 
+mod common;
+
+/// The reference data of this model, under `../shared/reference`.
+const DIR: &str = "gemma3-270m-q4_k_m";
+
 fn model_path() -> PathBuf {
     kvcore_fetch::gemma3_path().expect("the Gemma 3 270M model file is required")
 }
-
-const REFERENCE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/reference/gemma3-270m-q4_k_m"
-);
 
 /// The model file's metadata (all the tokenizer needs), read once for all tests.
 fn file() -> &'static GgufFile {
@@ -40,47 +40,14 @@ fn tokenizer() -> &'static Tokenizer {
     TOK.get_or_init(|| Tokenizer::from_gguf(file()).expect("tokenizer from the Gemma 3 file"))
 }
 
-fn read_reference(name: &str) -> String {
-    let path = format!("{REFERENCE}/{name}");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference file {path}: {e}"))
-}
-
-fn ids_of(v: &Value, what: &str) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("{what} is not an array"))
-        .iter()
-        .map(|x| {
-            let id = x.as_u64().unwrap_or_else(|| panic!("{what} holds {x}"));
-            u32::try_from(id).expect("ids fit u32")
-        })
-        .collect()
-}
-
 /// `(text, ids)` for every line of tokenizer.jsonl.
 fn tokenizer_cases() -> Vec<(String, Vec<u32>)> {
-    let cases: Vec<_> = read_reference("tokenizer.jsonl")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).expect("tokenizer.jsonl line is JSON");
-            let text = v["text"].as_str().expect("line has a text").to_string();
-            (text, ids_of(&v["ids"], "ids"))
-        })
-        .collect();
-    assert!(
-        cases.len() >= 50,
-        "tokenizer.jsonl has only {} lines",
-        cases.len()
-    );
-    cases
+    common::tokenizer_cases(DIR, 50)
 }
 
 /// The prompts of logits.json.
 fn prompts() -> Vec<Value> {
-    let v: Value = serde_json::from_str(&read_reference("logits.json")).expect("logits.json");
-    let prompts = v.as_array().expect("logits.json is a list").clone();
-    assert!(!prompts.is_empty(), "logits.json has no prompts");
-    prompts
+    common::prompts(DIR)
 }
 
 /// What decoding gives back for `text`: the README says a literal `▁` tokenizes exactly
@@ -89,42 +56,13 @@ fn round_trip_of(text: &str) -> String {
     text.replace('▁', " ")
 }
 
-/// Decodes `ids` one at a time: the chunks, and the final flush.
-fn stream_chunks(t: &Tokenizer, ids: &[u32]) -> (Vec<String>, String) {
-    let mut stream = t.stream();
-    let chunks = ids
-        .iter()
-        .map(|&id| stream.push(id).expect("id in vocabulary"))
-        .collect();
-    (chunks, stream.finish())
-}
-
-/// Asserts that encoding each `(text, ids)` gives `ids`, listing every mismatch.
-fn check_encodings<'a>(cases: impl IntoIterator<Item = (&'a str, Vec<u32>)>) {
-    let t = tokenizer();
-    let mut failures = Vec::new();
-    let mut n = 0;
-    for (text, expected) in cases {
-        n += 1;
-        let actual = t.encode(text, Special::Parse);
-        if actual != expected {
-            failures.push(format!(
-                "text {text:?}\n  expected {expected:?}\n  actual   {actual:?}"
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {n} encodings differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
-
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
     let cases = tokenizer_cases();
-    check_encodings(cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())));
+    common::check_encodings(
+        tokenizer(),
+        cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())),
+    );
 }
 
 #[test]
@@ -143,7 +81,7 @@ fn streaming_decode_emits_whole_characters() {
     let t = tokenizer();
     let mut held_back = 0;
     for (text, ids) in tokenizer_cases() {
-        let (chunks, tail) = stream_chunks(t, &ids);
+        let (chunks, tail) = common::stream_chunks(t, &ids);
         assert_eq!(tail, "", "nothing left over after {text:?}");
         for c in &chunks {
             assert!(!c.contains('\u{fffd}'), "chunk {c:?} of {text:?}");
@@ -167,12 +105,12 @@ fn rendered_prompts_encode_to_prompt_ids_after_bos() {
         .iter()
         .map(|p| {
             let rendered = p["rendered"].as_str().expect("prompt has rendered text");
-            let ids = ids_of(&p["prompt_ids"], "prompt_ids");
+            let ids = common::ids(&p["prompt_ids"]);
             assert_eq!(ids.first(), Some(&bos), "prompt ids start with BOS");
             (rendered, ids[1..].to_vec())
         })
         .collect();
-    check_encodings(cases);
+    common::check_encodings(tokenizer(), cases);
 }
 
 #[test]
@@ -180,7 +118,7 @@ fn greedy_ids_decode_to_greedy_text() {
     let t = tokenizer();
     for p in prompts() {
         let name = p["name"].as_str().unwrap_or("?");
-        let ids = ids_of(&p["greedy_ids"], "greedy_ids");
+        let ids = common::ids(&p["greedy_ids"]);
         let expected = p["greedy_text"]
             .as_str()
             .unwrap_or_else(|| panic!("prompt {name} has no greedy_text"));
@@ -189,7 +127,7 @@ fn greedy_ids_decode_to_greedy_text() {
             "prompt {name}: the README says no stop token comes"
         );
         assert_eq!(t.decode(&ids).unwrap(), expected, "prompt {name}");
-        let (chunks, tail) = stream_chunks(t, &ids);
+        let (chunks, tail) = common::stream_chunks(t, &ids);
         assert_eq!(
             chunks.concat() + &tail,
             expected,
@@ -487,7 +425,7 @@ proptest! {
     fn streaming_decode_concatenates_to_the_text(s in any_text()) {
         let t = tokenizer();
         let ids = t.encode(&s, Special::Parse);
-        let (chunks, tail) = stream_chunks(t, &ids);
+        let (chunks, tail) = common::stream_chunks(t, &ids);
         prop_assert_eq!(tail, "", "nothing left over after a whole text");
         for c in &chunks {
             // A chunk is a `String`, so valid UTF-8; it must also not hold a replacement
@@ -509,22 +447,6 @@ proptest! {
             0..40,
         )
     ) {
-        let t = tokenizer();
-        let n = t.vocab_size();
-        match t.decode(&ids) {
-            Ok(text) => {
-                prop_assert!(ids.iter().all(|&id| (id as usize) < n));
-                let bytes: Vec<u8> =
-                    ids.iter().flat_map(|&id| t.token_bytes(id).unwrap().to_vec()).collect();
-                prop_assert_eq!(&text, &String::from_utf8_lossy(&bytes));
-                let (chunks, tail) = stream_chunks(t, &ids);
-                prop_assert_eq!(chunks.concat() + &tail, text);
-            }
-            Err(TokenizerError::UnknownId { id, vocab_size }) => {
-                prop_assert_eq!(vocab_size, n);
-                prop_assert_eq!(Some(&id), ids.iter().find(|&&id| id as usize >= n));
-            }
-            Err(e) => prop_assert!(false, "unexpected error {e}"),
-        }
+        common::check_id_sequence(tokenizer(), &ids)?;
     }
 }

@@ -11,14 +11,14 @@ use kvcore::gguf::GgufFile;
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use serde_json::Value;
 
+mod common;
+
+/// The reference data of this model, under `../shared/reference`.
+const DIR: &str = "smollm2-135m-instruct-q4_1";
+
 fn model_path() -> PathBuf {
     kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
 }
-
-const REFERENCE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/reference/smollm2-135m-instruct-q4_1"
-);
 
 /// The model file, opened once for all tests.
 fn file() -> &'static GgufFile {
@@ -34,75 +34,23 @@ fn tokenizer() -> &'static Tokenizer {
     TOK.get_or_init(|| Tokenizer::from_gguf(file()).expect("tokenizer from the SmolLM2 file"))
 }
 
-fn read_reference(name: &str) -> String {
-    let path = format!("{REFERENCE}/{name}");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference file {path}: {e}"))
-}
-
-fn ids_of(v: &Value, what: &str) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("{what} is not an array"))
-        .iter()
-        .map(|x| {
-            let id = x.as_u64().unwrap_or_else(|| panic!("{what} holds {x}"));
-            u32::try_from(id).expect("ids fit u32")
-        })
-        .collect()
-}
-
 /// `(text, ids)` for every line of tokenizer.jsonl.
 fn tokenizer_cases() -> Vec<(String, Vec<u32>)> {
-    let cases: Vec<_> = read_reference("tokenizer.jsonl")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).expect("tokenizer.jsonl line is JSON");
-            let text = v["text"].as_str().expect("line has a text").to_string();
-            (text, ids_of(&v["ids"], "ids"))
-        })
-        .collect();
-    assert!(
-        cases.len() >= 30,
-        "tokenizer.jsonl has only {} lines",
-        cases.len()
-    );
-    cases
+    common::tokenizer_cases(DIR, 30)
 }
 
 /// The prompts of logits.json.
 fn prompts() -> Vec<Value> {
-    let v: Value = serde_json::from_str(&read_reference("logits.json")).expect("logits.json");
-    let prompts = v.as_array().expect("logits.json is a list").clone();
-    assert!(!prompts.is_empty(), "logits.json has no prompts");
-    prompts
-}
-
-/// Asserts that encoding each `(text, ids)` gives `ids`, listing every mismatch.
-fn check_encodings<'a>(cases: impl IntoIterator<Item = (&'a str, Vec<u32>)>) {
-    let t = tokenizer();
-    let mut failures = Vec::new();
-    let mut n = 0;
-    for (text, expected) in cases {
-        n += 1;
-        let actual = t.encode(text, Special::Parse);
-        if actual != expected {
-            failures.push(format!(
-                "text {text:?}\n  expected {expected:?}\n  actual   {actual:?}"
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {n} encodings differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    common::prompts(DIR)
 }
 
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
     let cases = tokenizer_cases();
-    check_encodings(cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())));
+    common::check_encodings(
+        tokenizer(),
+        cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())),
+    );
 }
 
 #[test]
@@ -117,10 +65,13 @@ fn decode_restores_every_reference_line() {
 #[test]
 fn rendered_prompts_encode_to_prompt_ids() {
     let prompts = prompts();
-    check_encodings(prompts.iter().map(|p| {
-        let rendered = p["rendered"].as_str().expect("prompt has rendered text");
-        (rendered, ids_of(&p["prompt_ids"], "prompt_ids"))
-    }));
+    common::check_encodings(
+        tokenizer(),
+        prompts.iter().map(|p| {
+            let rendered = p["rendered"].as_str().expect("prompt has rendered text");
+            (rendered, common::ids(&p["prompt_ids"]))
+        }),
+    );
 }
 
 #[test]
@@ -156,11 +107,7 @@ fn chat_template_reproduces_rendered_prompts() {
                 .expect("template renders")
                 .encode(t),
         );
-        assert_eq!(
-            ids,
-            ids_of(&p["prompt_ids"], "prompt_ids"),
-            "chat prompt {text:?}"
-        );
+        assert_eq!(ids, common::ids(&p["prompt_ids"]), "chat prompt {text:?}");
     }
     assert!(chats > 0, "logits.json has no chat prompt");
 }
@@ -170,7 +117,7 @@ fn greedy_ids_decode_to_greedy_text() {
     let t = tokenizer();
     for p in prompts() {
         let name = p["name"].as_str().unwrap_or("?");
-        let ids = ids_of(&p["greedy_ids"], "greedy_ids");
+        let ids = common::ids(&p["greedy_ids"]);
         let expected = p
             .get("greedy_text")
             .and_then(Value::as_str)

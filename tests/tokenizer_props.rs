@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{Special, TokenType, Tokenizer, TokenizerError};
+use kvcore::tokenizer::{Special, TokenType, Tokenizer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
@@ -53,6 +53,8 @@ fn spellable_bytes(s: &str) -> String {
         .collect();
     String::from_utf8_lossy(&kept).into_owned()
 }
+
+mod common;
 
 fn config() -> Config {
     Config {
@@ -131,15 +133,6 @@ fn spellable_text() -> impl Strategy<Value = String> {
 }
 
 /// Decodes `ids` one at a time, returning the chunks and the final flush.
-fn stream_chunks(t: &Tokenizer, ids: &[u32]) -> (Vec<String>, String) {
-    let mut stream = t.stream();
-    let chunks = ids
-        .iter()
-        .map(|&id| stream.push(id).expect("id in vocabulary"))
-        .collect();
-    (chunks, stream.finish())
-}
-
 /// The case that showed SmolLM2 lacks some byte tokens: U+40000 is `F1 80 80 80` and
 /// `0xF1` has no token, so only the three continuation bytes survive.
 #[test]
@@ -190,7 +183,7 @@ proptest! {
     fn streaming_decode_concatenates_to_the_text(s in spellable_text()) {
         let t = tokenizer();
         let ids = t.encode(&s, Special::Parse);
-        let (chunks, tail) = stream_chunks(t, &ids);
+        let (chunks, tail) = common::stream_chunks(t, &ids);
         prop_assert_eq!(tail, "", "nothing left over after a whole text");
         for c in &chunks {
             // A chunk is a `String`, so valid UTF-8; it must also not hold a replacement
@@ -207,22 +200,6 @@ proptest! {
             0..40,
         )
     ) {
-        let t = tokenizer();
-        let n = t.vocab_size();
-        match t.decode(&ids) {
-            Ok(text) => {
-                prop_assert!(ids.iter().all(|&id| (id as usize) < n));
-                let bytes: Vec<u8> =
-                    ids.iter().flat_map(|&id| t.token_bytes(id).unwrap().to_vec()).collect();
-                prop_assert_eq!(&text, &String::from_utf8_lossy(&bytes));
-                let (chunks, tail) = stream_chunks(t, &ids);
-                prop_assert_eq!(chunks.concat() + &tail, text);
-            }
-            Err(TokenizerError::UnknownId { id, vocab_size }) => {
-                prop_assert_eq!(vocab_size, n);
-                prop_assert_eq!(Some(&id), ids.iter().find(|&&id| id as usize >= n));
-            }
-            Err(e) => prop_assert!(false, "unexpected error {e}"),
-        }
+        common::check_id_sequence(tokenizer(), &ids)?;
     }
 }

@@ -6,6 +6,7 @@
 use kvcore::Backend;
 use kvcore::gguf::GgufFile;
 use kvcore::model::Llama;
+use kvcore::tokenizer::{Special, Tokenizer, TokenizerError};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -39,6 +40,41 @@ pub fn reference_logits() -> &'static Vec<Value> {
         let v: Value = serde_json::from_str(&text).expect("parse logits.json");
         v.as_array().expect("logits.json is a list").clone()
     })
+}
+
+/// `../shared/reference/<rel>` as text.
+pub fn read_reference(rel: &str) -> String {
+    let p = reference_path(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reference file {}: {e}", p.display()))
+}
+
+/// `(text, ids)` for every line of `<dir>/tokenizer.jsonl` (llama.cpp's ids, special
+/// tokens parsed, no BOS); the file must hold at least `min` lines.
+pub fn tokenizer_cases(dir: &str, min: usize) -> Vec<(String, Vec<u32>)> {
+    let cases: Vec<_> = read_reference(&format!("{dir}/tokenizer.jsonl"))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).expect("tokenizer.jsonl line is JSON");
+            let text = v["text"].as_str().expect("line has a text").to_string();
+            (text, ids(&v["ids"]))
+        })
+        .collect();
+    assert!(
+        cases.len() >= min,
+        "{dir}/tokenizer.jsonl has only {} lines",
+        cases.len()
+    );
+    cases
+}
+
+/// The prompts of `<dir>/logits.json` (at least one).
+pub fn prompts(dir: &str) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&read_reference(&format!("{dir}/logits.json")))
+        .expect("logits.json is JSON");
+    let prompts = v.as_array().expect("logits.json is a list").clone();
+    assert!(!prompts.is_empty(), "{dir}/logits.json has no prompts");
+    prompts
 }
 
 /// A list of token ids from JSON.
@@ -96,4 +132,64 @@ pub fn check_row(name: &str, path: &str, ours: &[f32], reference: &Value) -> f32
         worst = worst.max(diff);
     }
     worst
+}
+
+/// Decodes `ids` one at a time: the chunks, and the final flush.
+pub fn stream_chunks(t: &Tokenizer, ids: &[u32]) -> (Vec<String>, String) {
+    let mut stream = t.stream();
+    let chunks = ids
+        .iter()
+        .map(|&id| stream.push(id).expect("id in vocabulary"))
+        .collect();
+    (chunks, stream.finish())
+}
+
+/// Asserts that encoding each `(text, ids)` with special tokens parsed gives `ids`,
+/// listing every mismatch.
+pub fn check_encodings<'a>(t: &Tokenizer, cases: impl IntoIterator<Item = (&'a str, Vec<u32>)>) {
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for (text, expected) in cases {
+        n += 1;
+        let actual = t.encode(text, Special::Parse);
+        if actual != expected {
+            failures.push(format!(
+                "text {text:?}\n  expected {expected:?}\n  actual   {actual:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {n} encodings differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Any id sequence decodes to the lossy UTF-8 of its tokens' bytes, whole and streamed,
+/// or fails with `UnknownId` naming the first id outside the vocabulary.
+pub fn check_id_sequence(
+    t: &Tokenizer,
+    ids: &[u32],
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    let n = t.vocab_size();
+    match t.decode(ids) {
+        Ok(text) => {
+            prop_assert!(ids.iter().all(|&id| (id as usize) < n));
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| t.token_bytes(id).unwrap().to_vec())
+                .collect();
+            prop_assert_eq!(&text, &String::from_utf8_lossy(&bytes));
+            let (chunks, tail) = stream_chunks(t, ids);
+            prop_assert_eq!(chunks.concat() + &tail, text);
+        }
+        Err(TokenizerError::UnknownId { id, vocab_size }) => {
+            prop_assert_eq!(vocab_size, n);
+            prop_assert_eq!(Some(&id), ids.iter().find(|&&id| id as usize >= n));
+        }
+        Err(e) => prop_assert!(false, "unexpected error {e}"),
+    }
+    Ok(())
 }
