@@ -404,8 +404,8 @@ fn malformed_cases_give_their_error() {
             put32(b.clone(), t1.dtype, 4),
             GgufError::UnknownTensorType { type_id: 4, .. }
         ),
-        case!("unsupported tensor type", put32(b.clone(), t1.dtype, 14),
-            GgufError::UnsupportedTensorType { tensor, type_id: 14, type_name: "Q6_K" } if tensor == T1),
+        case!("unsupported tensor type", put32(b.clone(), t1.dtype, 10),
+            GgufError::UnsupportedTensorType { tensor, type_id: 10, type_name: "Q2_K" } if tensor == T1),
         case!("dims product overflows",
             put64(put64(b.clone(), t0.dims, 1 << 32), t0.dims + 8, 1 << 32),
             GgufError::DimsOverflow { tensor, .. } if tensor == T0),

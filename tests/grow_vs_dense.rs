@@ -31,7 +31,13 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let dtypes = prop::sample::select(DType::ALL.to_vec());
+    // Tiny models: the K formats' 256-weight super-blocks need widths they do not have.
+    let dtypes = prop::sample::select(
+        DType::ALL
+            .into_iter()
+            .filter(|d| d.block_len() <= 32)
+            .collect::<Vec<_>>(),
+    );
     (
         1usize..=3,
         1usize..=3,

@@ -8,7 +8,7 @@
 //! Input format (every read past the end gives zero bytes, so any input is valid):
 //!
 //! ```text
-//! byte 0  dtype of the matrices: DType::ALL[b % 6]
+//! byte 0  dtype of the matrices: MODEL_DTYPES[b % 6]
 //! byte 1  n_heads = [1, 2, 4][b % 3]; n_kv_heads = n_heads >> ((b / 3) % 3), at least 1
 //! byte 2  head_dim: F32/F16/BF16 [2, 4, 8, 16][b % 4]; block formats (32 / n_heads)·(1 + b % 2)
 //! byte 3  n_layers = 1 + b % 2; untied output if b & 4; ffn_dim from b >> 3
@@ -21,7 +21,7 @@
 //!                  of EXTRA_KEYS) to a value decoded by `value` (any of the 13 types)
 //!   1 key          remove metadata entry `key % entries`
 //!   2 t            remove tensor `t % tensors`
-//!   3 t, d         re-type tensor t as DType::ALL[d % 6] (data resized with zeros)
+//!   3 t, d         re-type tensor t as MODEL_DTYPES[d % 6] (data resized with zeros)
 //!   4 t, n, dims   give tensor t new dims (n % 4 + 1 of them, a byte each; data resized)
 //!   5 t, f, v8     after writing: overwrite field f % 6 of tensor t's info (n_dims, dim 0,
 //!                  dim 1, ggml type, offset, name length) with the u64 v
@@ -44,6 +44,17 @@ use kvcore_test_support::tiny::TinyLlama;
 
 /// The most edits one input applies.
 const MAX_EDITS: usize = 8;
+
+/// The formats a fuzzed model's matrices take: those whose blocks fit its small widths
+/// (the K formats' 256-weight super-blocks do not), in `DType::ALL`'s order.
+const MODEL_DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
 
 /// Keys an edit may add (beyond those TinyLlama writes).
 const EXTRA_KEYS: [&str; 4] = [
@@ -95,7 +106,7 @@ impl Input<'_> {
     }
 
     fn dtype(&mut self) -> DType {
-        DType::ALL[usize::from(self.u8()) % DType::ALL.len()]
+        MODEL_DTYPES[usize::from(self.u8()) % MODEL_DTYPES.len()]
     }
 
     /// A metadata value of any of the 13 GGUF types.

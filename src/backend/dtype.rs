@@ -1,9 +1,12 @@
 //! Weight element formats and their byte layouts.
 //!
 //! Every format is stored row-major, `[rows, cols]`, exactly as in a GGUF tensor, so a
-//! memory-mapped tensor is used in place. Block formats pack 32 consecutive weights of
-//! one row into one block; a row of `cols` weights is `cols / 32` blocks and `cols` must be
-//! a multiple of 32.
+//! memory-mapped tensor is used in place. Block formats pack [`DType::block_len`]
+//! consecutive weights of one row into one block of [`DType::block_bytes`] bytes (32
+//! weights for the legacy formats, a super-block of [`QK_K`] = 256 for the K formats); a
+//! row of `cols` weights is `cols / block_len` blocks and `cols` must be a multiple of
+//! `block_len`. Those two numbers are stated once, here; every decoder, kernel and check
+//! takes them from [`DType`].
 //!
 //! | format | block | bytes | decodes to |
 //! |--------|-------|-------|------------|
@@ -13,18 +16,27 @@
 //! | `Q8_0` | 32    | 34    | `d: f16`, `qs: [i8; 32]`; `w[j] = d·qs[j]` |
 //! | `Q4_0` | 32    | 18    | `d: f16`, `qs: [u8; 16]`; `w[j] = d·((qs[j] & 15) − 8)`, `w[j+16] = d·((qs[j] >> 4) − 8)` |
 //! | `Q4_1` | 32    | 20    | `d: f16`, `m: f16`, `qs: [u8; 16]`; `w[j] = d·(qs[j] & 15) + m`, `w[j+16] = d·(qs[j] >> 4) + m` |
+//! | `Q5_0` | 32    | 22    | `d: f16`, `qh: u32` (bit `j` is the 5th bit of weight `j`), `qs: [u8; 16]` (nibbles as `Q4_0`); `w[j] = d·((nibble_j \| bit_j << 4) − 16)` |
+//! | `Q4_K` | 256   | 144   | `d: f16`, `dmin: f16`, `scales: [u8; 12]` (eight 6-bit `(sc, m)` pairs), `qs: [u8; 128]`; sub-block `s` of 32: `w = (d·sc_s)·q − dmin·m_s` |
+//! | `Q6_K` | 256   | 210   | `ql: [u8; 128]`, `qh: [u8; 64]`, `scales: [i8; 16]`, `d: f16`; sub-block `s` of 16: `w = (d·scales[s])·(q − 32)`, `q` 6 bits |
 //!
 //! The products and sums above are each rounded to f32 (no fused multiply-add), which is
-//! how the `gguf` reference implementation decodes them.
+//! how the `gguf` reference implementation decodes them. The bit layouts of the K
+//! formats (which nibble and which high bits belong to which weight) are spelled out in
+//! `kvcore_scalar::quant`, their reference decoder.
 
 use std::fmt;
 
-/// Weights per block of the GGUF block formats.
+/// Weights per block of the legacy GGUF block formats (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`).
 pub const QK: usize = 32;
+
+/// Weights per super-block of the K formats (`Q4_K`, `Q6_K`).
+pub const QK_K: usize = 256;
 
 /// A weight element format. See the module docs for the byte layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[allow(non_camel_case_types, reason = "the ggml names of the formats")]
 pub enum DType {
     /// 32-bit IEEE floats.
     F32,
@@ -38,24 +50,37 @@ pub enum DType {
     Q4_0,
     /// Blocks of 32 4-bit values with an f16 scale and an f16 minimum (20 bytes).
     Q4_1,
+    /// Blocks of 32 5-bit values offset by 16 with an f16 scale (22 bytes).
+    Q5_0,
+    /// Super-blocks of 256 4-bit values in 8 sub-blocks with 6-bit scales and minimums
+    /// (144 bytes).
+    Q4_K,
+    /// Super-blocks of 256 6-bit values offset by 32 in 16 sub-blocks with 8-bit scales
+    /// (210 bytes).
+    Q6_K,
 }
 
 impl DType {
     /// Every supported format, in a fixed order (for tests and tables).
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 9] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
     ];
 
-    /// Weights per block: 1 for the plain float formats, [`QK`] for the block formats.
+    /// Weights per block: 1 for the plain float formats, [`QK`] for the legacy block
+    /// formats, [`QK_K`] for the K formats.
     pub const fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => QK,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => QK,
+            DType::Q4_K | DType::Q6_K => QK_K,
         }
     }
 
@@ -67,6 +92,9 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q4_K => 144,
+            DType::Q6_K => 210,
         }
     }
 
@@ -86,7 +114,10 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
             DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q6_K => 14,
             DType::BF16 => 30,
         }
     }
@@ -98,7 +129,10 @@ impl DType {
             1 => DType::F16,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
             8 => DType::Q8_0,
+            12 => DType::Q4_K,
+            14 => DType::Q6_K,
             30 => DType::BF16,
             _ => return None,
         })
@@ -113,6 +147,9 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q4_K => "Q4_K",
+            DType::Q6_K => "Q6_K",
         }
     }
 }

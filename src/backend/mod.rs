@@ -17,7 +17,7 @@ mod dtype;
 pub mod q8;
 mod shape;
 
-pub use dtype::{DType, QK};
+pub use dtype::{DType, QK, QK_K};
 pub use q8::Q8Acts;
 pub use shape::{ShapeError, check};
 

@@ -121,9 +121,11 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize, scale: f32, rng: &mut u
         DType::BF16 => (0..n).for_each(|_| {
             out.extend(bf16::from_f32(scale * uniform(rng)).to_le_bytes());
         }),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
             for _ in 0..n / 32 {
-                let d = f16::from_f32(scale * (0.5 + 0.5 * uniform(rng).abs()) / 8.0);
+                // Quants reach ±8 (±16 for Q5_0), so `|w| ≤ scale`.
+                let levels = if dtype == DType::Q5_0 { 16.0 } else { 8.0 };
+                let d = f16::from_f32(scale * (0.5 + 0.5 * uniform(rng).abs()) / levels);
                 out.extend(d.to_le_bytes());
                 match dtype {
                     DType::Q8_0 => {
@@ -132,6 +134,9 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize, scale: f32, rng: &mut u
                     DType::Q4_1 => {
                         out.extend(f16::from_f32(-scale).to_le_bytes());
                         out.extend((0..16).map(|_| next(rng) as u8));
+                    }
+                    DType::Q5_0 => {
+                        out.extend((0..20).map(|_| next(rng) as u8)); // qh, then qs
                     }
                     _ => out.extend((0..16).map(|_| next(rng) as u8)),
                 }

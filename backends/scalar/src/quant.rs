@@ -11,16 +11,39 @@
 //! | `Q8_0` | `d·qs[j]` |
 //! | `Q4_0` | `d·(nibble_j − 8)` |
 //! | `Q4_1` | `(d·nibble_j) + m` (two roundings) |
+//! | `Q5_0` | `d·((nibble_j \| qh_j << 4) − 16)`, `qh_j` bit `j` of the block's `u32` |
 //!
 //! where `nibble_j` is the low nibble of `qs[j]` for `j < 16` and the high nibble of
-//! `qs[j − 16]` otherwise.
+//! `qs[j − 16]` otherwise. The K formats (llama.cpp's `dequantize_row_q4_K` /
+//! `dequantize_row_q6_K`, gguf-py's `Q4_K` / `Q6_K`) decode a 256-weight super-block:
 //!
-//! Encoding reproduces gguf-py's numpy quantisers, including their exact order of
-//! operations and intermediate precisions (see each `quantize_*` function); the results
-//! are checked byte for byte against `shared/reference/quant-blocks.json`.
+//! - `Q4_K`: `d`, `dmin` (f16), `scales[12]`, `qs[128]`. Sub-block `s` (weights
+//!   `32s..32s + 32`) has a 6-bit scale `sc` and minimum `m`: for `s < 4`
+//!   `sc = scales[s] & 63`, `m = scales[s + 4] & 63`; for `s ≥ 4`
+//!   `sc = (scales[s + 4] & 15) | (scales[s − 4] >> 6) << 4` and
+//!   `m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4`. Bytes `qs[32g..32g + 32]` hold
+//!   sub-block `2g` in their low nibbles and `2g + 1` in their high ones;
+//!   `w = (d·sc)·q − dmin·m`.
+//! - `Q6_K`: `ql[128]`, `qh[64]`, `scales: [i8; 16]`, `d` (f16). In half `n` (weights
+//!   `128n..128n + 128`), with `L = ql[64n..]`, `H = qh[32n..]`, for `l < 32` the four
+//!   weights `l`, `l + 32`, `l + 64`, `l + 96` take the low nibble of `L[l]`, of
+//!   `L[l + 32]`, the high nibble of `L[l]`, of `L[l + 32]`, with bits `0–1`, `2–3`,
+//!   `4–5`, `6–7` of `H[l]` on top; weight `i` of the super-block has scale
+//!   `scales[i / 16]` and `w = (d·scale)·(q − 32)`.
+//!
+//! Every product here has at most 23 significant bits, so it is exact in f32, and in
+//! `Q4_K` only the final subtraction rounds: the decoded values do not depend on the
+//! order of operations (`shared/reference/README.md`, `quant-blocks-k.json`).
+//!
+//! Encoding of the legacy formats reproduces gguf-py's numpy quantisers, including their
+//! exact order of operations and intermediate precisions (see each `quantize_*`
+//! function); the results are checked byte for byte against
+//! `shared/reference/quant-blocks.json` (which has no `Q5_0` vectors). gguf-py has no
+//! K-format encoder; the ones here are simple round-to-nearest quantisers (no search
+//! for the best scales, unlike llama.cpp's), for test data only.
 
 use half::f16;
-use kvcore::backend::{DType, QK, ShapeError, Weights};
+use kvcore::backend::{DType, QK, QK_K, ShapeError, Weights};
 
 /// Decode row `r` of `w` into `out`.
 ///
@@ -96,19 +119,91 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        DType::Q5_0 => {
+            for (o, b) in out.chunks_exact_mut(QK).zip(blocks) {
+                let d = f16_at(b, 0);
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let (lo, hi) = o.split_at_mut(QK / 2);
+                for (j, ((l, h), &q)) in lo.iter_mut().zip(hi).zip(&b[6..]).enumerate() {
+                    let bit = |k: usize| ((qh >> k) as u8 & 1) << 4;
+                    *l = d * f32::from(((q & 15) | bit(j)) as i8 - 16);
+                    *h = d * f32::from(((q >> 4) | bit(j + 16)) as i8 - 16);
+                }
+            }
+        }
+        DType::Q4_K => {
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(blocks) {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (scales, qs) = (&b[4..16], &b[16..]);
+                // Sub-blocks 2g and 2g + 1 share the 32 bytes qs[32g..32g + 32].
+                for (g, (o, q)) in o.chunks_exact_mut(64).zip(qs.chunks_exact(32)).enumerate() {
+                    let (lo, hi) = o.split_at_mut(32);
+                    for (s, half, nibble) in [(2 * g, lo, 0), (2 * g + 1, hi, 4)] {
+                        let (sc, m) = q4_k_scale_min(scales, s);
+                        let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
+                        for (w, &q) in half.iter_mut().zip(q) {
+                            *w = ds * f32::from((q >> nibble) & 15) - dm;
+                        }
+                    }
+                }
+            }
+        }
+        DType::Q6_K => {
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(blocks) {
+                let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+                let d = f16_at(b, 208);
+                for (n, o) in o.chunks_exact_mut(128).enumerate() {
+                    let (l_bytes, h_bytes) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32]);
+                    for (l, &h) in h_bytes.iter().enumerate() {
+                        // Quarter k of the half: weight 32k + l.
+                        let quants = [
+                            (l_bytes[l] & 15) | (h & 3) << 4,
+                            (l_bytes[l + 32] & 15) | ((h >> 2) & 3) << 4,
+                            (l_bytes[l] >> 4) | ((h >> 4) & 3) << 4,
+                            (l_bytes[l + 32] >> 4) | ((h >> 6) & 3) << 4,
+                        ];
+                        for (k, q) in quants.into_iter().enumerate() {
+                            let i = 32 * k + l;
+                            let sc = f32::from(scales[8 * n + i / 16] as i8);
+                            o[i] = (d * sc) * f32::from(q as i8 - 32);
+                        }
+                    }
+                }
+            }
+        }
         other => unsupported(other),
+    }
+}
+
+/// The 6-bit `(scale, min)` of sub-block `s` (`0..8`) of a `Q4_K` super-block from its
+/// 12 packed scale bytes (llama.cpp's `get_scale_min_k4`; see the module docs). Shared
+/// with the SIMD decoders, so the bit layout is written once.
+///
+/// # Panics
+/// If `scales.len() < 12` or `s >= 8`.
+pub fn q4_k_scale_min(scales: &[u8], s: usize) -> (u8, u8) {
+    if s < 4 {
+        (scales[s] & 63, scales[s + 4] & 63)
+    } else {
+        (
+            (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
+            (scales[s + 4] >> 4) | (scales[s] >> 6) << 4,
+        )
     }
 }
 
 /// The formats this crate implements, [`FORMATS`]; the backends check a weight's
 /// format at their entry points ([`check_format`]), so the decoders never see another.
-pub const FORMATS: [DType; 6] = [
+pub const FORMATS: [DType; 9] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q4_K,
+    DType::Q6_K,
 ];
 
 /// [`ShapeError::Unsupported`] for a weight format outside [`FORMATS`] (a format a newer
@@ -141,6 +236,10 @@ pub fn unsupported(dtype: DType) -> ! {
 ///   (keeping its sign); `q = trunc(f32(f64(x)·f64(1/d) + 8.5))` clipped to `0..=15`.
 /// - `Q4_1`: `d = (max − min) / 15`, `m = min`, `q = trunc((x − min)·(1/d) + 0.5)` in f32,
 ///   clipped to `0..=15`.
+/// - `Q5_0`: `Q4_0`'s rule with 16 levels a side: `d = x_max / −16`,
+///   `q = trunc(f32(f64(x)·f64(1/d) + 16.5))` clipped to `0..=31`.
+/// - `Q4_K`, `Q6_K`: see [`quantize_q4_k`] and [`quantize_q6_k`] (not gguf-py's, which
+///   has no K encoder).
 ///
 /// The scales are computed in f32 and rounded to f16 (ties to even) only when stored.
 ///
@@ -174,6 +273,15 @@ pub fn quantize_row(dtype: DType, values: &[f32]) -> Vec<u8> {
         DType::Q4_1 => values
             .chunks_exact(QK)
             .for_each(|b| quantize_q4_1(b, &mut out)),
+        DType::Q5_0 => values
+            .chunks_exact(QK)
+            .for_each(|b| quantize_q5_0(b, &mut out)),
+        DType::Q4_K => values
+            .chunks_exact(QK_K)
+            .for_each(|b| quantize_q4_k(b, &mut out)),
+        DType::Q6_K => values
+            .chunks_exact(QK_K)
+            .for_each(|b| quantize_q6_k(b, &mut out)),
         other => unsupported(other),
     }
     debug_assert_eq!(out.len(), n_bytes);
@@ -233,6 +341,112 @@ fn quantize_q4_0(block: &[f32], out: &mut Vec<u8>) {
     };
     out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
     pack_nibbles(block, q, out);
+}
+
+/// One `Q5_0` block: `d: f16`, `qh: u32` (the 5th bits), 16 bytes of packed low nibbles.
+fn quantize_q5_0(block: &[f32], out: &mut Vec<u8>) {
+    let max = block
+        .iter()
+        .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+    let d = max / -16.0;
+    let id = f64::from(inverse(d));
+    let q: Vec<u8> = block
+        .iter()
+        .map(|&x| (((f64::from(x) * id + 16.5) as f32).trunc() as u8).min(31))
+        .collect();
+    let qh = q
+        .iter()
+        .enumerate()
+        .fold(0u32, |h, (j, &q)| h | u32::from(q >> 4) << j);
+    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&qh.to_le_bytes());
+    let (lo, hi) = q.split_at(QK / 2);
+    out.extend(lo.iter().zip(hi).map(|(&l, &h)| (l & 15) | (h & 15) << 4));
+}
+
+/// The nearest integer to `v` (ties away from zero), clamped to `lo..=hi`.
+fn nearest(v: f32, lo: i32, hi: i32) -> i32 {
+    (v.round() as i32).clamp(lo, hi)
+}
+
+/// One `Q4_K` super-block, round to nearest without a search: sub-block `s` spans
+/// `[min_s, max_s]` with `min_s ≤ 0`; its scale is rounded up, `sc_s = ⌈r_s / d⌉` with
+/// `r_s = (max_s − min_s + dmin) / 15` and `d = max_s r_s / 63`, and its minimum
+/// `m_s = ⌈−min_s / dmin⌉` with `dmin = max_s(−min_s) / 63` (`d`, `dmin` as stored in
+/// f16), so every weight lies in range and is within half a step `d·sc_s` of its value
+/// (up to the f16 rounding of the scales).
+fn quantize_q4_k(block: &[f32], out: &mut Vec<u8>) {
+    let subs: Vec<(f32, f32)> = block
+        .chunks_exact(32)
+        .map(|s| {
+            let lo = s.iter().fold(0.0f32, |m, &x| m.min(x));
+            let hi = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            (lo, hi)
+        })
+        .collect();
+    let dmin = f16::from_f32(subs.iter().fold(0.0f32, |m, s| m.max(-s.0)) / 63.0).to_f32();
+    let range = |(lo, hi): (f32, f32)| (hi - lo + dmin) / 15.0;
+    let d = f16::from_f32(subs.iter().fold(0.0f32, |m, &s| m.max(range(s))) / 63.0).to_f32();
+    let mut scales = [0u8; 12];
+    let mut qs = [0u8; 128];
+    for (s, (&(lo, hi), x)) in subs.iter().zip(block.chunks_exact(32)).enumerate() {
+        let sc = (range((lo, hi)) * inverse(d)).ceil().min(63.0) as u8;
+        let m = (-lo * inverse(dmin)).ceil().min(63.0) as u8;
+        if s < 4 {
+            scales[s] = sc;
+            scales[s + 4] = m;
+        } else {
+            scales[s + 4] = (sc & 15) | (m & 15) << 4;
+            scales[s - 4] |= (sc >> 4) << 6;
+            scales[s] |= (m >> 4) << 6;
+        }
+        let (step, offset) = (d * f32::from(sc), dmin * f32::from(m));
+        for (j, &x) in x.iter().enumerate() {
+            let q = nearest((x + offset) * inverse(step), 0, 15) as u8;
+            qs[32 * (s / 2) + j] |= q << (4 * (s % 2));
+        }
+    }
+    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&f16::from_f32(dmin).to_le_bytes());
+    out.extend_from_slice(&scales);
+    out.extend_from_slice(&qs);
+}
+
+/// One `Q6_K` super-block, round to nearest without a search: sub-block `s` (16
+/// weights) needs the step `r_s = max|x| / 31`; `d = max_s r_s / 127` (stored in f16) and
+/// `scale_s = ⌈r_s / d⌉`, so `q = round(x / (d·scale_s)) + 32` stays in `0..64`.
+fn quantize_q6_k(block: &[f32], out: &mut Vec<u8>) {
+    let steps: Vec<f32> = block
+        .chunks_exact(16)
+        .map(|s| s.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 31.0)
+        .collect();
+    let d = f16::from_f32(steps.iter().fold(0.0f32, |m, &r| m.max(r)) / 127.0).to_f32();
+    let scales: Vec<i8> = steps
+        .iter()
+        .map(|&r| (r * inverse(d)).ceil().min(127.0) as i8)
+        .collect();
+    let q: Vec<u8> = block
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let step = d * f32::from(scales[i / 16]);
+            (nearest(x * inverse(step), -32, 31) + 32) as u8
+        })
+        .collect();
+    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+    for n in 0..2 {
+        for l in 0..32 {
+            let at = |k: usize| q[128 * n + 32 * k + l];
+            ql[64 * n + l] = (at(0) & 15) | (at(2) & 15) << 4;
+            ql[64 * n + l + 32] = (at(1) & 15) | (at(3) & 15) << 4;
+            qh[32 * n + l] =
+                (at(0) >> 4) | (at(1) >> 4) << 2 | (at(2) >> 4) << 4 | (at(3) >> 4) << 6;
+        }
+    }
+    out.extend_from_slice(&ql);
+    out.extend_from_slice(&qh);
+    out.extend(scales.iter().map(|&s| s as u8));
+    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
 }
 
 /// One `Q4_1` block: `d: f16`, `m: f16`, then 16 bytes of packed nibbles.

@@ -1,9 +1,12 @@
 //! An independent float64 decoder of the weight formats, for the oracle: scales and
 //! quants are read and multiplied in f64 (`d·q` is exact there), and each weight is
-//! rounded once to f32 as the format defines. It shares no code with `kvcore_scalar`.
+//! rounded once to f32 as the format defines. It shares no code with `kvcore_scalar`;
+//! the K-format layouts follow the `formats` text of `shared/reference/quant-blocks-k.json`
+//! (the block scales `d·sc`, `dmin·m` and `d·scale` are exact in f32 as in f64, so a
+//! kernel that forms them first rounds no differently).
 
 use half::{bf16, f16};
-use kvcore::backend::{DType, QK};
+use kvcore::backend::{DType, QK, QK_K};
 
 /// One decoded weight: its exact value and the magnitude of the terms that make it.
 #[derive(Clone, Copy, Debug)]
@@ -11,7 +14,8 @@ pub struct Decoded {
     /// The weight as the format defines it (an f32 value, held in f64).
     pub value: f64,
     /// `|d·q| + |m|` for `Q4_1` (a kernel may expand `Σ(d·q_j + m)·x_j` as
-    /// `d·Σq_j·x_j + m·Σx_j`, whose rounding scales with both parts), `|value|` otherwise.
+    /// `d·Σq_j·x_j + m·Σx_j`, whose rounding scales with both parts), likewise
+    /// `|d·sc·q| + |dmin·m|` for `Q4_K`, `|value|` otherwise.
     pub mag: f64,
 }
 
@@ -65,6 +69,55 @@ pub fn decode(dtype: DType, bytes: &[u8], cols: usize) -> Vec<Decoded> {
                         value: f64::from((dq + m) as f32),
                         mag: dq.abs() + m.abs(),
                     }
+                })
+            })
+            .collect(),
+        DType::Q5_0 => blocks
+            .flat_map(|b| {
+                let d = f16_at(b, 0);
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                (0..QK).map(move |j| {
+                    let q = nibble(&b[6..], j) | (((qh >> j) & 1) as u8) << 4;
+                    plain(f64::from((d * (f64::from(q) - 16.0)) as f32))
+                })
+            })
+            .collect(),
+        DType::Q4_K => blocks
+            .flat_map(|b| {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let sc = |s: usize| &b[4 + s];
+                (0..QK_K).map(move |i| {
+                    let s = i / 32;
+                    let (scale, min) = if s < 4 {
+                        (sc(s) & 63, sc(s + 4) & 63)
+                    } else {
+                        (
+                            (sc(s + 4) & 15) | (sc(s - 4) >> 6) << 4,
+                            (sc(s + 4) >> 4) | (sc(s) >> 6) << 4,
+                        )
+                    };
+                    let byte = b[16 + 32 * (s / 2) + i % 32];
+                    let q = if s % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    let dq = d * f64::from(scale) * f64::from(q);
+                    let m = dmin * f64::from(min);
+                    Decoded {
+                        value: f64::from((dq - m) as f32),
+                        mag: dq.abs() + m.abs(),
+                    }
+                })
+            })
+            .collect(),
+        DType::Q6_K => blocks
+            .flat_map(|b| {
+                let d = f16_at(b, 208);
+                (0..QK_K).map(move |i| {
+                    let (n, k, l) = (i / 128, i % 128 / 32, i % 32);
+                    let low = b[64 * n + l + 32 * (k % 2)];
+                    let low = if k < 2 { low & 15 } else { low >> 4 };
+                    let high = (b[128 + 32 * n + l] >> (2 * k)) & 3;
+                    let q = f64::from(low | high << 4) - 32.0;
+                    let scale = f64::from(b[192 + i / 16] as i8);
+                    plain(f64::from((d * scale * q) as f32))
                 })
             })
             .collect(),

@@ -6,10 +6,11 @@
 //! - proptest cases (fixed RNG seed, so every run draws the same inputs) over shapes 0,
 //!   1, tile sizes ±1 (8, 16, 32, 64 ±1), odd lengths, 192 and 576, every weight format,
 //!   RoPE positions up to 40 000, GQA groupings, segmented KV views and sliding windows;
-//! - SmolLM2-135M's shapes as deterministic cases ([`model`]);
+//! - SmolLM2-135M's shapes as deterministic cases, and Gemma 3 270M's projections in
+//!   its `Q5_0`, `Q4_K` and `Q6_K` ([`model`]);
 //! - GEMM row `t` against the backend's own GEMV of token `t`;
 //! - quantised GEMV/GEMM against the same backend on an F32 copy of the decoded weights
-//!   (random matrices, and the real SmolLM2 rows of the [`reference_data`]);
+//!   (random matrices, and the real SmolLM2 and Gemma 3 rows of the [`reference_data`]);
 //! - every shape error, returned as the specific `ShapeError` with the output left
 //!   untouched ([`shape_errors`]).
 //!

@@ -1,5 +1,6 @@
 //! SmolLM2-135M's shapes as deterministic cases: its projections as GEMV and 7-token GEMM
-//! in every weight format, the `[49152, 576]` output GEMV in its real format (Q8_0), GQA
+//! in every weight format whose blocks divide 576, Gemma 3 270M's projections in the
+//! formats its Q4_K_M file stores them in, the `[49152, 576]` output GEMV in its real format (Q8_0), GQA
 //! attention, and batched RMSNorm, SwiGLU, add and RoPE. Inputs, the scalar reference's
 //! outputs and the oracle's bounds are built once per test binary and shared by every
 //! backend it checks.
@@ -14,6 +15,15 @@ use super::suite::REFERENCE;
 
 /// SmolLM2-135M's projections, `[out, in]`: q/o, k/v, gate/up, down.
 pub const MATMUL_SHAPES: [(usize, usize); 4] = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
+
+/// Gemma 3 270M's projections `[out, in]` in the formats of its Q4_K_M file: q (and
+/// gate/up) in `Q5_0` (640 is not a multiple of 256), o in `Q4_K`, down in `Q6_K`.
+pub const GEMMA3_MATMULS: [(DType, usize, usize); 4] = [
+    (DType::Q5_0, 1024, 640),
+    (DType::Q5_0, 2048, 640),
+    (DType::Q4_K, 640, 1024),
+    (DType::Q6_K, 640, 2048),
+];
 
 /// Tokens of the model-shape GEMMs (a short prefill).
 const TOKENS: usize = 7;
@@ -78,13 +88,37 @@ fn matmul(dtype: DType) -> &'static Matmul {
 /// # Panics
 /// If a check fails.
 pub fn matmul_conforms<B: Backend>(b: &B, dtype: DType) {
-    let m = matmul(dtype);
+    check_matmul(b, matmul(dtype));
+}
+
+fn check_matmul<B: Backend>(b: &B, m: &Matmul) {
     m.gemv.iter().for_each(|p| p.check(b));
     for p in &m.gemm {
         p.check(b);
         let label = format!("{}: {} rows vs gemv", b.name(), p.case.label());
         check_pair(&label, &p.case.run(b), &p.case.run_as_gemv(b), &p.want).unwrap();
     }
+}
+
+/// Gemma 3's projections ([`GEMMA3_MATMULS`]) on `b`, as [`matmul_conforms`].
+///
+/// # Panics
+/// If a check fails.
+pub fn gemma3_matmuls_conform<B: Backend>(b: &B) {
+    static CACHE: OnceLock<Matmul> = OnceLock::new();
+    let m = CACHE.get_or_init(|| {
+        let cases = GEMMA3_MATMULS.iter().enumerate();
+        let seed = |k: usize| 0x6e33 + k as u64;
+        Matmul {
+            gemv: (cases.clone())
+                .map(|(k, &(t, r, c))| Prepared::new(Gemv::new(t, r, c, seed(k))))
+                .collect(),
+            gemm: cases
+                .map(|(k, &(t, r, c))| Prepared::new(Gemm::new(t, r, c, TOKENS, !seed(k))))
+                .collect(),
+        }
+    });
+    check_matmul(b, m);
 }
 
 /// The output projection (tied embedding) `[49152, 576]` in the real model's format on

@@ -1,6 +1,7 @@
 //! The reference data the suite reads: `quant-blocks.json`, the gguf-py test vectors of
-//! the weight formats (see the README next to it in kvcore's `shared/reference`), loaded
-//! by [`load`].
+//! the weight formats, and `quant-blocks-k.json`, real Gemma 3 rows of the formats its
+//! Q4_K_M file adds (see the README next to them in kvcore's `shared/reference`), loaded
+//! by [`load`] and [`load_gemma3_rows`].
 //!
 //! The directory is `$KVCORE_REFERENCE` when that is set (a backend outside kvcore's
 //! repository points it at a copy), else kvcore's `shared/reference` beside the
@@ -23,6 +24,10 @@ pub const REFERENCE_VAR: &str = "KVCORE_REFERENCE";
 
 /// The file of the weight-format vectors, in the reference directory.
 pub const QUANT_BLOCKS: &str = "quant-blocks.json";
+
+/// The file of the real Gemma 3 rows (`Q5_0`, `Q4_K`, `Q6_K`, `Q8_0`), in the reference
+/// directory.
+pub const QUANT_BLOCKS_K: &str = "quant-blocks-k.json";
 
 /// The reference data directory: `$KVCORE_REFERENCE` when set and not empty, else
 /// `shared/reference` next to kvcore's repository (`<repo>/../shared/reference`).
@@ -63,7 +68,7 @@ pub struct Synthetic {
     pub values: Vec<f32>,
 }
 
-/// Rows of a real SmolLM2 tensor: stored bytes and decoded values of each row.
+/// Rows of a real SmolLM2 or Gemma 3 tensor: stored bytes and decoded values of each row.
 pub struct RealRows {
     /// The tensor's name in the GGUF file.
     pub tensor: String,
@@ -151,13 +156,13 @@ fn quote_numbers(json: &str) -> String {
     out
 }
 
-/// Load and parse `quant-blocks.json` from [`dir`].
+/// Read and parse `file` from [`dir`].
 ///
 /// # Panics
 /// If the file cannot be read or is malformed; the message names the path and
 /// `$KVCORE_REFERENCE`.
-pub fn load() -> QuantBlocks {
-    let path = dir().join(QUANT_BLOCKS);
+fn read(file: &str) -> Value {
+    let path = dir().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         let which = match from_env() {
             Some(_) => format!("the one {REFERENCE_VAR} names"),
@@ -169,23 +174,14 @@ pub fn load() -> QuantBlocks {
             path.display()
         )
     });
-    let json: Value = serde_json::from_str(&quote_numbers(&text))
-        .unwrap_or_else(|e| panic!("{}: not valid JSON: {e}", path.display()));
-    let synthetic = json["synthetic"]
-        .as_array()
-        .expect("synthetic list")
-        .iter()
-        .map(|c| Synthetic {
-            dtype: dtype(&c["type"]),
-            case: c["case"].as_str().expect("case name").to_owned(),
-            input: floats(&c["input"]),
-            bytes: hex(&c["bytes"]),
-            values: floats(&c["values"]),
-        })
-        .collect();
-    let real = json["smollm2_rows"]
-        .as_array()
-        .expect("smollm2_rows list")
+    serde_json::from_str(&quote_numbers(&text))
+        .unwrap_or_else(|e| panic!("{}: not valid JSON: {e}", path.display()))
+}
+
+/// The real-rows list `v` (`smollm2_rows`, `gemma3_rows`).
+fn real_rows(v: &Value) -> Vec<RealRows> {
+    v.as_array()
+        .expect("a list of tensors")
         .iter()
         .map(|t| RealRows {
             tensor: t["tensor"].as_str().expect("tensor name").to_owned(),
@@ -204,6 +200,36 @@ pub fn load() -> QuantBlocks {
                 .map(floats)
                 .collect(),
         })
+        .collect()
+}
+
+/// Load and parse `quant-blocks.json` from [`dir`].
+///
+/// # Panics
+/// If the file cannot be read or is malformed; the message names the path and
+/// `$KVCORE_REFERENCE`.
+pub fn load() -> QuantBlocks {
+    let json = read(QUANT_BLOCKS);
+    let synthetic = json["synthetic"]
+        .as_array()
+        .expect("synthetic list")
+        .iter()
+        .map(|c| Synthetic {
+            dtype: dtype(&c["type"]),
+            case: c["case"].as_str().expect("case name").to_owned(),
+            input: floats(&c["input"]),
+            bytes: hex(&c["bytes"]),
+            values: floats(&c["values"]),
+        })
         .collect();
+    let real = real_rows(&json["smollm2_rows"]);
     QuantBlocks { synthetic, real }
+}
+
+/// Load the real Gemma 3 rows of `quant-blocks-k.json` from [`dir`].
+///
+/// # Panics
+/// As [`load`].
+pub fn load_gemma3_rows() -> Vec<RealRows> {
+    real_rows(&read(QUANT_BLOCKS_K)["gemma3_rows"])
 }

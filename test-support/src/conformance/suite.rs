@@ -76,7 +76,20 @@ pub fn quantized_matches_f32<B: Backend>(
 /// # Panics
 /// If a check fails, or the reference data is missing.
 pub fn smollm2_rows_match_f32<B: Backend>(b: &B) {
-    for t in reference_data::load().real {
+    real_rows_match_f32(b, reference_data::load().real);
+}
+
+/// As [`smollm2_rows_match_f32`], for the real Gemma 3 rows of `quant-blocks-k.json`
+/// (`Q5_0`, `Q4_K`, `Q6_K`, `Q8_0`).
+///
+/// # Panics
+/// If the reference data cannot be read or a check fails.
+pub fn gemma3_rows_match_f32<B: Backend>(b: &B) {
+    real_rows_match_f32(b, reference_data::load_gemma3_rows());
+}
+
+fn real_rows_match_f32<B: Backend>(b: &B, tensors: Vec<reference_data::RealRows>) {
+    for t in tensors {
         let m = Matrix {
             dtype: t.dtype,
             rows: t.bytes.len(),
@@ -328,6 +341,11 @@ macro_rules! conformance_suite {
             }
 
             #[test]
+            fn model_matmul_gemma3() {
+                model::gemma3_matmuls_conform(b());
+            }
+
+            #[test]
             fn model_output_gemv_49152x576() {
                 model::output_gemv_conforms(b());
             }
@@ -340,6 +358,11 @@ macro_rules! conformance_suite {
             #[test]
             fn smollm2_rows_quantized_vs_f32() {
                 suite::smollm2_rows_match_f32(b());
+            }
+
+            #[test]
+            fn gemma3_rows_quantized_vs_f32() {
+                suite::gemma3_rows_match_f32(b());
             }
 
             #[test]

@@ -24,8 +24,12 @@
 //!
 //! `dequantize` computes `d·q` (then `+ m` for `Q4_1`) with separately rounded
 //! multiplies and adds, bit for bit as the scalar decoder.
+//!
+//! `Q5_0`, `Q4_K` and `Q6_K` have no NEON decoder yet: `dequantize` runs the scalar
+//! decoder, and the GEMV decodes each row with it into a `[cols]` scratch, then takes
+//! `dot.rs`'s NEON f32 dot product with `x`.
 
-use super::dot::{load, store};
+use super::dot::{dot, load, store};
 use half::f16;
 use kvcore::backend::{DType, QK, Weights};
 use std::arch::aarch64::*;
@@ -185,10 +189,11 @@ impl Block {
 
     fn bytes(self) -> usize {
         match self {
-            Block::Q8_0 => 34,
-            Block::Q4_0 => 18,
-            Block::Q4_1 => 20,
+            Block::Q8_0 => DType::Q8_0,
+            Block::Q4_0 => DType::Q4_0,
+            Block::Q4_1 => DType::Q4_1,
         }
+        .block_bytes()
     }
 }
 
@@ -262,6 +267,7 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
         return;
     }
     let dtype = w.dtype();
+    let mut scratch = Vec::new();
     for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
         *yr = match dtype {
             DType::F32 => dot_plain::<F32>(r, x),
@@ -270,7 +276,11 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
             DType::Q8_0 => dot_blocks(Block::Q8_0, r, x, sums),
             DType::Q4_0 => dot_blocks(Block::Q4_0, r, x, sums),
             DType::Q4_1 => dot_blocks(Block::Q4_1, r, x, sums),
-            other => kvcore_scalar::quant::unsupported(other),
+            other => {
+                scratch.resize(x.len(), 0.0);
+                kvcore_scalar::quant::dequantize(other, r, &mut scratch);
+                dot(&scratch, x)
+            }
         };
     }
 }
@@ -330,6 +340,6 @@ pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
         DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
         DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => kvcore_scalar::quant::unsupported(other),
+        other => kvcore_scalar::quant::dequantize(other, bytes, out),
     }
 }

@@ -24,8 +24,11 @@
 //!
 //! `dequantize` computes `d·q` (then `+ m` for `Q4_1`) with separately rounded
 //! multiplies and adds, bit for bit as the scalar decoder.
+//!
+//! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
 use super::dot::{hsum, load, store};
+use super::kquant::{self, Format};
 use half::f16;
 use kvcore::backend::{DType, QK, Weights};
 use std::arch::x86_64::*;
@@ -175,10 +178,11 @@ impl Block {
 
     fn bytes(self) -> usize {
         match self {
-            Block::Q8_0 => 34,
-            Block::Q4_0 => 18,
-            Block::Q4_1 => 20,
+            Block::Q8_0 => DType::Q8_0,
+            Block::Q4_0 => DType::Q4_0,
+            Block::Q4_1 => DType::Q4_1,
         }
+        .block_bytes()
     }
 }
 
@@ -248,6 +252,9 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
         return;
     }
     let dtype = w.dtype();
+    if let Some(fmt) = Format::of(dtype) {
+        return kquant::gemv(fmt, w, x, y);
+    }
     for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
         *yr = match dtype {
             DType::F32 => dot_plain::<F32>(r, x),
@@ -314,6 +321,9 @@ pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
         DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
         DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => kvcore_scalar::quant::unsupported(other),
+        other => match Format::of(other) {
+            Some(fmt) => kquant::dequantize(fmt, bytes, out),
+            None => kvcore_scalar::quant::unsupported(other),
+        },
     }
 }
