@@ -3,7 +3,7 @@
 //! Python package 0.19.0, independent of kvcore):
 //!
 //! - decoding (`dequantize_row`, and `embed_row` of every backend) reproduces the values
-//!   bit for bit: every product of these formats is exact in f32 and `Q4_K`'s one
+//!   bit for bit: in these rows every product is exact in f32 and `Q4_K`'s one
 //!   subtraction rounds once, so any correct decoder matches exactly (the reference
 //!   README explains why);
 //! - the scalar GEMV on the stored rows equals, bit for bit, the scalar GEMV on an F32
