@@ -40,6 +40,14 @@ use kvcore_simd::Simd;
 
 /// GEMV shapes `[rows, cols]`.
 const GEMV_SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
+/// The GEMV shapes whose width holds whole blocks of `dtype` (SmolLM2's 576 holds no
+/// 256-weight K super-blocks).
+fn shapes_of(dtype: DType) -> impl Iterator<Item = (usize, usize)> {
+    GEMV_SHAPES
+        .into_iter()
+        .filter(move |s| s.1.is_multiple_of(dtype.block_len()))
+}
+
 /// GEMM shape `[rows, cols]` and tokens.
 const GEMM_SHAPE: (usize, usize) = (1536, 576);
 const GEMM_TOKENS: usize = 64;
@@ -112,7 +120,7 @@ fn gemv(c: &mut Criterion) {
     for dtype in DType::ALL {
         let mut group = c.benchmark_group(format!("gemv_{dtype}"));
         configure(&mut group);
-        for (rows, cols) in GEMV_SHAPES {
+        for (rows, cols) in shapes_of(dtype) {
             let bytes = matrix(dtype, rows, cols);
             let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
             let x = values(cols, 2);
@@ -134,7 +142,7 @@ fn gemv_q8(c: &mut Criterion) {
     for dtype in DType::ALL.into_iter().filter(|&d| q8::supports(d)) {
         let mut group = c.benchmark_group(format!("gemv_q8_{dtype}"));
         configure(&mut group);
-        for (rows, cols) in GEMV_SHAPES {
+        for (rows, cols) in shapes_of(dtype) {
             let bytes = matrix(dtype, rows, cols);
             let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
             let x = values(cols, 2);
@@ -177,7 +185,10 @@ fn gemm(c: &mut Criterion) {
     let (rows, cols) = GEMM_SHAPE;
     let x = values(GEMM_TOKENS * cols, 3);
     let mut y = vec![0.0f32; GEMM_TOKENS * rows];
-    for dtype in DType::ALL {
+    for dtype in DType::ALL
+        .into_iter()
+        .filter(|d| cols.is_multiple_of(d.block_len()))
+    {
         let mut group = c.benchmark_group(format!("gemm_{dtype}"));
         configure(&mut group);
         let bytes = matrix(dtype, rows, cols);

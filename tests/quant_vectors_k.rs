@@ -3,11 +3,13 @@
 //! Python package 0.19.0, independent of kvcore):
 //!
 //! - decoding (`dequantize_row`, and `embed_row` of every backend) reproduces the values
-//!   bit for bit: every product of these formats is exact in f32 and `Q4_K`'s one
+//!   bit for bit: in these rows every product is exact in f32 and `Q4_K`'s one
 //!   subtraction rounds once, so any correct decoder matches exactly (the reference
 //!   README explains why);
 //! - the scalar GEMV on the stored rows equals, bit for bit, the scalar GEMV on an F32
 //!   copy of those values;
+//! - the SIMD GEMM (whose panels use the SIMD decoder) on the stored rows equals its
+//!   GEMM on the F32 copy bit for bit;
 //! - per format, values encoded with `quantize_row` and decoded again lie within one
 //!   quantisation step of the input (a wrong nibble, bit or scale position is off by the
 //!   weight's whole range), and hand-built blocks decode to the values the layout in
@@ -205,5 +207,27 @@ fn q6_k_hand_built_block() {
         let want = 0.5 * (i / 16) as f32 - 4.0;
         let want = want * ((i % 64) as f32 - 32.0);
         assert_eq!(w, want, "weight {i}");
+    }
+}
+
+/// The SIMD backend's GEMM of several tokens decodes the weights into panels with its
+/// own decoder, then runs the same `sgemm` as on F32 weights: on the Gemma 3 rows it must
+/// equal its GEMM on the F32 copy of the reference values bit for bit, which holds only
+/// if that decoder is bit-exact.
+#[test]
+fn gemma3_rows_simd_gemm_decodes_bitwise() {
+    let s = Simd::new();
+    for t in reference_data::load_gemma3_rows() {
+        let (rows, cols, n) = (t.bytes.len(), t.row_len, 3);
+        let (bytes, values) = (t.bytes.concat(), t.values.concat());
+        let wq = Weights::new(t.dtype, rows, cols, &bytes).expect("stored rows");
+        let wf = Weights::from_f32(rows, cols, &values).expect("f32 rows");
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
+            .collect();
+        let (mut yq, mut yf) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+        s.gemm(&wq, &x, &mut yq).expect("shapes");
+        s.gemm(&wf, &x, &mut yf).expect("shapes");
+        assert_eq!(bits(&yq), bits(&yf), "{} ({:?})", t.tensor, s.path());
     }
 }

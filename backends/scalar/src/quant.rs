@@ -31,9 +31,12 @@
 //!   `4–5`, `6–7` of `H[l]` on top; weight `i` of the super-block has scale
 //!   `scales[i / 16]` and `w = (d·scale)·(q − 32)`.
 //!
-//! Every product here has at most 23 significant bits, so it is exact in f32, and in
-//! `Q4_K` only the final subtraction rounds: the decoded values do not depend on the
-//! order of operations (`shared/reference/README.md`, `quant-blocks-k.json`).
+//! The scales `d·sc`, `dmin·m` and `d·scale` are exact in f32 (at most 19 significant
+//! bits), and so are the products with the quants in `Q5_0` and `Q4_K`; in `Q4_K` only
+//! the final subtraction rounds, once. A `Q6_K` product `(d·scale)·(q − 32)` can need 25
+//! bits and then rounds once, the same in any decoder that forms `d·scale` first (as
+//! llama.cpp and gguf-py do); in Gemma 3's file every one is exact
+//! (`shared/reference/README.md`, `quant-blocks-k.json`).
 //!
 //! Encoding of the legacy formats reproduces gguf-py's numpy quantisers, including their
 //! exact order of operations and intermediate precisions (see each `quantize_*`

@@ -13,7 +13,7 @@
 //!
 //! | op | SIMD path |
 //! |----|-----------|
-//! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 (NEON: `Q5_0`, `Q4_K`, `Q6_K` decoded by the scalar reference into a row scratch, then a NEON dot) |
+//! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
 //! | `attention` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
 //! | `rms_norm` | SIMD sum of squares and products |

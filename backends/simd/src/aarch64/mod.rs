@@ -2,7 +2,7 @@
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
 //! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly;
+//!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
 //! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
 //!   formats against it.
 //!
@@ -12,6 +12,7 @@
 //! [`Neon`]'s trait methods, justified by the run-time detection that created the token.
 
 mod dot;
+mod kquant;
 mod q8;
 mod quant;
 

@@ -25,11 +25,10 @@
 //! `dequantize` computes `d·q` (then `+ m` for `Q4_1`) with separately rounded
 //! multiplies and adds, bit for bit as the scalar decoder.
 //!
-//! `Q5_0`, `Q4_K` and `Q6_K` have no NEON decoder yet: `dequantize` runs the scalar
-//! decoder, and the GEMV decodes each row with it into a `[cols]` scratch, then takes
-//! `dot.rs`'s NEON f32 dot product with `x`.
+//! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::dot::{dot, load, store};
+use super::dot::{load, store};
+use super::kquant::{self, Format};
 use half::f16;
 use kvcore::backend::{DType, QK, Weights};
 use std::arch::aarch64::*;
@@ -267,7 +266,9 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
         return;
     }
     let dtype = w.dtype();
-    let mut scratch = Vec::new();
+    if let Some(fmt) = Format::of(dtype) {
+        return kquant::gemv(fmt, w, x, y);
+    }
     for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
         *yr = match dtype {
             DType::F32 => dot_plain::<F32>(r, x),
@@ -276,11 +277,7 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
             DType::Q8_0 => dot_blocks(Block::Q8_0, r, x, sums),
             DType::Q4_0 => dot_blocks(Block::Q4_0, r, x, sums),
             DType::Q4_1 => dot_blocks(Block::Q4_1, r, x, sums),
-            other => {
-                scratch.resize(x.len(), 0.0);
-                kvcore_scalar::quant::dequantize(other, r, &mut scratch);
-                dot(&scratch, x)
-            }
+            other => kvcore_scalar::quant::unsupported(other),
         };
     }
 }
@@ -340,6 +337,9 @@ pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
         DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
         DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => kvcore_scalar::quant::dequantize(other, bytes, out),
+        other => match Format::of(other) {
+            Some(fmt) => kquant::dequantize(fmt, bytes, out),
+            None => kvcore_scalar::quant::unsupported(other),
+        },
     }
 }
