@@ -241,7 +241,7 @@ pub fn unsupported(dtype: DType) -> ! {
 ///   clipped to `0..=15`.
 /// - `Q5_0`: `Q4_0`'s rule with 16 levels a side: `d = x_max / −16`,
 ///   `q = trunc(f32(f64(x)·f64(1/d) + 16.5))` clipped to `0..=31`.
-/// - `Q4_K`, `Q6_K`: see [`quantize_q4_k`] and [`quantize_q6_k`] (not gguf-py's, which
+/// - `Q4_K`, `Q6_K`: see `quantize_q4_k` and `quantize_q6_k` below (not gguf-py's, which
 ///   has no K encoder).
 ///
 /// The scales are computed in f32 and rounded to f16 (ties to even) only when stored.
