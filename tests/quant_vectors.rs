@@ -84,13 +84,7 @@ fn f32_round_trips_exactly() {
 #[test]
 fn smollm2_rows_dequantize_bitwise() {
     for t in reference_data::load().real {
-        for (i, (bytes, values)) in t.bytes.iter().zip(&t.values).enumerate() {
-            assert_eq!(values.len(), t.row_len);
-            let w = Weights::new(t.dtype, 1, t.row_len, bytes).expect("whole blocks");
-            let mut out = vec![f32::NAN; t.row_len];
-            dequantize_row(&w, 0, &mut out);
-            assert_eq!(bits(&out), bits(values), "{} row {i}", t.tensor);
-        }
+        t.assert_scalar_decodes_bitwise();
     }
 }
 

@@ -82,6 +82,25 @@ pub struct RealRows {
     pub values: Vec<Vec<f32>>,
 }
 
+impl RealRows {
+    /// Asserts that the scalar reference decodes every row to the stored values bit for
+    /// bit.
+    pub fn assert_scalar_decodes_bitwise(&self) {
+        for (i, (bytes, values)) in self.bytes.iter().zip(&self.values).enumerate() {
+            assert_eq!(values.len(), self.row_len);
+            let w = kvcore::Weights::new(self.dtype, 1, self.row_len, bytes).expect("whole blocks");
+            let mut out = vec![f32::NAN; self.row_len];
+            kvcore_scalar::quant::dequantize_row(&w, 0, &mut out);
+            assert_eq!(
+                super::oracle::bits(&out),
+                super::oracle::bits(values),
+                "{} row {i}",
+                self.tensor
+            );
+        }
+    }
+}
+
 /// The parsed `quant-blocks.json`.
 pub struct QuantBlocks {
     /// gguf-py's synthetic cases, five per block format.
