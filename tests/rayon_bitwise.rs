@@ -10,7 +10,7 @@ use kvcore_rayon::{Rayon, RayonError};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use kvcore_test_support::conformance::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu, Geglu,
 };
 use kvcore_test_support::conformance::model::MATMUL_SHAPES;
 use kvcore_test_support::conformance::oracle::bits;
@@ -82,6 +82,7 @@ fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
     same_bits(inner, pools, &RmsNorm::new(1, 576, 1e-5, 0xb2));
     for len in [576, 1536, 64 * 1536 + 17, 300_007] {
         same_bits(inner, pools, &Swiglu::new(len, 20.0, 0xc1));
+        same_bits(inner, pools, &Geglu::new(len, 20.0, 0xc2));
         same_bits(inner, pools, &Add::new(len, 0xc2));
     }
     for style in [RopeStyle::Interleaved, RopeStyle::Halves] {

@@ -12,7 +12,7 @@
 use kvcore::backend::{DType, Mask};
 use kvcore_scalar::Scalar;
 use kvcore_test_support::conformance::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
+    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu, Geglu,
 };
 use kvcore_test_support::conformance::model::MATMUL_SHAPES;
 use kvcore_test_support::conformance::oracle::{bits, check};
@@ -88,6 +88,11 @@ proptest! {
     #[test]
     fn swiglu(len in dim(), gate_scale in prop::sample::select(vec![4.0f32, 20.0, 120.0]), seed in any::<u64>()) {
         against_oracle(&Swiglu::new(len, gate_scale, seed))?;
+    }
+
+    #[test]
+    fn geglu(len in dim(), gate_scale in prop::sample::select(vec![4.0f32, 20.0, 120.0]), seed in any::<u64>()) {
+        against_oracle(&Geglu::new(len, gate_scale, seed))?;
     }
 
     #[test]

@@ -464,7 +464,13 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     let text = a.prompt_text()?;
     let text_model = TextModel::open(&a.model)?;
     a.sampling.check_vocab(&text_model.tok)?;
-    let prompt = if a.raw {
+    // A base model (Gemma 3 270M) has no chat template: its prompt is plain text, as
+    // with --raw. A system prompt needs a template, so that stays an error.
+    let raw = a.raw || (text_model.template.is_none() && a.reply.system.is_none());
+    if raw && !a.raw && !a.json {
+        eprintln!("note: the model has no chat template; the prompt is plain text (as with --raw)");
+    }
+    let prompt = if raw {
         prompt_ids(&text_model.tok, &text, special_mode(a.parse_special))
     } else {
         let mut messages = system_messages(&a.reply);

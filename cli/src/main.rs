@@ -122,7 +122,7 @@ struct SamplingArgs {
 struct ReplyArgs {
     /// The chat template's system message.
     #[arg(long, value_name = "TEXT")]
-    system: Option<String>,
+    pub system: Option<String>,
     /// Stop when the generated text contains STRING (matched across tokens; it is not
     /// printed); repeatable.
     #[arg(long, value_name = "STRING")]

@@ -305,6 +305,11 @@ pub trait Backend: Send + Sync {
     /// SwiGLU: `out ← silu(gate) ⊙ up`, `silu(g) = g / (1 + e^(−g))`. All the same length.
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError>;
 
+    /// GeGLU with the tanh-approximated GELU (Gemma's `gelu_pytorch_tanh`):
+    /// `out ← gelu(gate) ⊙ up`, `gelu(g) = ½·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`.
+    /// All the same length.
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError>;
+
     /// Residual add: `acc ← acc + x`. Same length.
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError>;
 
@@ -371,6 +376,9 @@ impl<B: Backend + ?Sized> Backend for &B {
     }
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
         (**self).swiglu(gate, up, out)
+    }
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).geglu(gate, up, out)
     }
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
         (**self).add(acc, x)

@@ -1,4 +1,5 @@
-//! The Llama forward pass, generic over the compute [`Backend`] and the [`KvStore`].
+//! The forward pass of the Llama family (architectures `llama` and `gemma3`), generic over
+//! the compute [`Backend`] and the [`KvStore`].
 //!
 //! One call to [`Llama::forward`] appends `n` tokens at positions `pos0 .. pos0 + n`
 //! (`pos0 = kv.len()`) in one transaction on the store ([`Append`]): committed when the
@@ -7,15 +8,25 @@
 //! `x: [n, d_model]` the residual stream:
 //!
 //! ```text
-//! xn = rms_norm(x) ⊙ attn_norm
-//! q = xn Wqᵀ, k = xn Wkᵀ, v = xn Wvᵀ           rope(q), rope(k)
-//! K/V rows pos0.. ← k, v                        (the pass's open append)
-//! x += attention(q, view(layer)) Woᵀ            (causal mask from the positions)
-//! xn = rms_norm(x) ⊙ ffn_norm
-//! x += (silu(xn Wgateᵀ) ⊙ xn Wupᵀ) Wdownᵀ
+//! x = embed(tokens) · embed_scale
+//! per block:
+//!   xn = rms_norm(x) ⊙ attn_norm
+//!   q = xn Wqᵀ, k = xn Wkᵀ, v = xn Wvᵀ
+//!   [qk_norm]  q, k ← rms_norm per head ⊙ attn_q_norm / attn_k_norm
+//!   rope(q), rope(k)                           (the layer's base and the model's pairing)
+//!   K/V rows pos0.. ← k, v                     (the pass's open append)
+//!   a = attention(q, view(layer)) Woᵀ          (the layer's mask, from the positions)
+//!   [post_norms]  a ← rms_norm(a) ⊙ post_attention_norm
+//!   x += a
+//!   xn = rms_norm(x) ⊙ ffn_norm
+//!   f = (act(xn Wgateᵀ) ⊙ xn Wupᵀ) Wdownᵀ     (act: silu, or tanh gelu)
+//!   [post_norms]  f ← rms_norm(f) ⊙ post_ffw_norm
+//!   x += f
 //! ```
 //! then `logits = rms_norm(x) ⊙ output_norm · Woutᵀ` (`Wout` is the token embedding when
-//! the file has no `output.weight`). Weights stay in the memory-mapped file in their stored
+//! the file has no `output.weight`). The bracketed steps, the scale, the activation and
+//! each layer's RoPE base and attention window are [`LlamaConfig`]: Llama uses none of
+//! the optional steps, Gemma 3 all of them (see `config`). Weights stay in the memory-mapped file in their stored
 //! format; only the tiny norm vectors are decoded to f32 at load.
 //!
 //! Activations are f32 by default. With [`Activations::Q8`] (llama.cpp's numerics) a
@@ -24,8 +35,8 @@
 //! block-quantised matrices through `Backend::gemv_q8` (integer dot products; see
 //! `backend::q8`). Plain-format matrices and multi-token passes (prefill, GEMM) stay f32.
 
-use super::{LlamaConfig, ModelError};
-use crate::backend::{AttnParams, Backend, Q8Acts, Rope, Weights, q8};
+use super::{FfnActivation, LlamaConfig, ModelError};
+use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Rope, Weights, q8};
 use crate::gguf::GgufFile;
 use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore};
 use ndarray::{Array2, Axis};
@@ -90,9 +101,13 @@ struct Block {
     w_gate: MatRef,      // [ffn_dim, d_model]
     w_up: MatRef,        // [ffn_dim, d_model]
     w_down: MatRef,      // [d_model, ffn_dim]
+    /// `qk_norm`: the per-head norms of q and k, `[head_dim]` each.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// `post_norms`: after attention and after the FFN, `[d_model]` each.
+    post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
 
-/// A Llama model: the GGUF file (weights borrowed from its memory map), its config and a
+/// A Llama-family model (`llama` or `gemma3`): the GGUF file (weights borrowed from its memory map), its config and a
 /// compute backend.
 #[derive(Debug)]
 pub struct Llama<B: Backend> {
@@ -107,8 +122,8 @@ pub struct Llama<B: Backend> {
 }
 
 impl<B: Backend> Llama<B> {
-    /// Binds the tensors of a llama-architecture GGUF file, checking every shape against
-    /// the config read from its metadata.
+    /// Binds the tensors of a GGUF file of a supported architecture, checking every shape
+    /// against the config read from its metadata.
     pub fn load(file: GgufFile, backend: B) -> Result<Self, ModelError> {
         let config = LlamaConfig::from_gguf(&file)?;
         let c = &config;
@@ -130,13 +145,14 @@ impl<B: Backend> Llama<B> {
             }
             Ok(MatRef { index })
         };
-        let vector = |name: &str| -> Result<Vec<f32>, ModelError> {
-            let m = mat(name, 1, c.d_model)?;
+        let vector_of = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
+            let m = mat(name, 1, len)?;
             let w = file.weights(&file.tensors()[m.index])?;
-            let mut out = vec![0.0; c.d_model];
+            let mut out = vec![0.0; len];
             backend.embed_row(&w, 0, &mut out)?;
             Ok(out)
         };
+        let vector = |name: &str| vector_of(name, c.d_model);
         let token_embd = mat("token_embd.weight", c.vocab_size, c.d_model)?;
         let output = if c.tied_embeddings {
             token_embd
@@ -160,6 +176,20 @@ impl<B: Backend> Llama<B> {
                 w_gate: mat(&name("ffn_gate"), c.ffn_dim, c.d_model)?,
                 w_up: mat(&name("ffn_up"), c.ffn_dim, c.d_model)?,
                 w_down: mat(&name("ffn_down"), c.d_model, c.ffn_dim)?,
+                qk_norm: match c.qk_norm {
+                    true => Some((
+                        vector_of(&name("attn_q_norm"), c.head_dim)?,
+                        vector_of(&name("attn_k_norm"), c.head_dim)?,
+                    )),
+                    false => None,
+                },
+                post_norms: match c.post_norms {
+                    true => Some((
+                        vector(&name("post_attention_norm"))?,
+                        vector(&name("post_ffw_norm"))?,
+                    )),
+                    false => None,
+                },
             });
         }
         Ok(Llama {
@@ -347,11 +377,6 @@ impl<B: Backend> Llama<B> {
         let b = &self.backend;
         let n = tokens.len();
         let positions: Vec<usize> = (at..at + n).collect();
-        let rope = Rope {
-            base: c.rope_base,
-            style: c.rope_style,
-        };
-        let params = AttnParams::causal(c.head_dim);
 
         // x: [n, d_model], the residual stream.
         let mut x = Array2::<f32>::zeros((n, c.d_model));
@@ -359,15 +384,39 @@ impl<B: Backend> Llama<B> {
         for (row, &id) in x.axis_iter_mut(Axis(0)).zip(tokens) {
             let row = row.into_slice().expect("standard layout");
             b.embed_row(&embd, id as usize, row)?;
+            if c.embed_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= c.embed_scale);
+            }
         }
 
-        for (layer, blk) in self.blocks.iter().enumerate() {
+        for (layer, (blk, lc)) in self.blocks.iter().zip(&c.layers).enumerate() {
+            let rope = Rope {
+                base: lc.rope_base,
+                style: c.rope_style,
+            };
+            let params = AttnParams {
+                scale: c.attn_scale,
+                mask: match lc.window {
+                    Some(window) => Mask::SlidingWindow { window },
+                    None => Mask::Causal,
+                },
+            };
+
             // Attention.
             let xn = self.rms_norm(&x, &blk.attn_norm)?; // [n, d_model]
             let xn = self.input(&xn)?;
             let mut q = self.matmul(blk.wq, &xn)?; // [n, q_dim]
             let mut k = self.matmul(blk.wk, &xn)?; // [n, kv_dim]
             let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
+            if let Some((q_norm, k_norm)) = &blk.qk_norm {
+                // Rows of [n·heads, head_dim]: one RMSNorm per head.
+                q = self.rms_norm(&q.into_shape_with_order((n * c.n_heads, c.head_dim)).expect("std"), q_norm)?
+                    .into_shape_with_order((n, c.q_dim()))
+                    .expect("std");
+                k = self.rms_norm(&k.into_shape_with_order((n * c.n_kv_heads, c.head_dim)).expect("std"), k_norm)?
+                    .into_shape_with_order((n, c.kv_dim()))
+                    .expect("std");
+            }
             b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
             b.rope(std_slice_mut(&mut k), c.head_dim, &positions, &rope)?;
             tx.write(layer, k.view(), v.view())?; // K/V rows at..at+n
@@ -381,21 +430,31 @@ impl<B: Backend> Llama<B> {
                 .into_shape_with_order((n, c.n_heads, c.head_dim))
                 .expect("standard layout [n, n_heads·head_dim]");
             b.attention(q_heads, &positions, &tx.view(layer)?, &params, att_heads)?;
-            let o = self.matmul(blk.wo, &self.input(&att)?)?; // [n, d_model]
+            let mut o = self.matmul(blk.wo, &self.input(&att)?)?; // [n, d_model]
+            if let Some((post_attn, _)) = &blk.post_norms {
+                o = self.rms_norm(&o, post_attn)?;
+            }
             self.residual(&mut x, &o)?;
 
-            // Feed-forward (SwiGLU).
+            // Feed-forward (SwiGLU or GeGLU).
             let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [n, d_model]
             let xn = self.input(&xn)?;
             let gate = self.matmul(blk.w_gate, &xn)?; // [n, ffn_dim]
             let up = self.matmul(blk.w_up, &xn)?; // [n, ffn_dim]
             let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [n, ffn_dim]
-            b.swiglu(
+            let (g, u, hs) = (
                 gate.as_slice().expect("std"),
                 up.as_slice().expect("std"),
                 h.as_slice_mut().expect("std"),
-            )?;
-            let down = self.matmul(blk.w_down, &self.input(&h)?)?; // [n, d_model]
+            );
+            match c.ffn_activation {
+                FfnActivation::Silu => b.swiglu(g, u, hs)?,
+                FfnActivation::GeluTanh => b.geglu(g, u, hs)?,
+            }
+            let mut down = self.matmul(blk.w_down, &self.input(&h)?)?; // [n, d_model]
+            if let Some((_, post_ffw)) = &blk.post_norms {
+                down = self.rms_norm(&down, post_ffw)?;
+            }
             self.residual(&mut x, &down)?;
         }
 

@@ -1,4 +1,5 @@
-//! The Llama runtime: config, forward pass and generation.
+//! The model runtime (Llama-family architectures: llama, gemma3): config, forward pass
+//! and generation.
 //!
 //! - [`config`]: hyper-parameters from GGUF metadata;
 //! - [`llama`]: [`Llama`], the forward pass over any `Backend` and `KvStore`;
@@ -10,7 +11,7 @@ pub mod llama;
 pub mod perplexity;
 pub mod sample;
 
-pub use config::LlamaConfig;
+pub use config::{Arch, FfnActivation, LayerConfig, LlamaConfig};
 pub use generate::{GenStats, Generation, generate};
 pub use llama::{Activations, Llama, Logits};
 pub use sample::{Sampler, SamplerParams, Sampling};
@@ -35,7 +36,7 @@ pub enum ModelError {
     #[error("kernel shape error: {0}")]
     Shape(ShapeError),
     /// `general.architecture` names an architecture kvcore does not run.
-    #[error("unsupported architecture {arch:?}: kvcore runs llama-architecture models")]
+    #[error("unsupported architecture {arch:?}: kvcore runs llama and gemma3 models")]
     UnsupportedArchitecture {
         /// The file's architecture.
         arch: String,

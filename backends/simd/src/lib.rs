@@ -18,7 +18,7 @@
 //! | `attention` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
-//! | `rope`, `swiglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
+//! | `rope`, `swiglu`, `geglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
 //! | `quantize_q8` | SIMD 8-bit quantiser, bit for bit the reference |
 //! | `gemv_q8` | integer dot products of the weight and activation bytes per block, one f32 FMA per block (`q8.rs`) |
 //!
@@ -241,6 +241,10 @@ impl Backend for Simd {
 
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
         Scalar.swiglu(gate, up, out)
+    }
+
+    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+        Scalar.geglu(gate, up, out)
     }
 
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {

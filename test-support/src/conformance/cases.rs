@@ -495,6 +495,37 @@ impl Case for Swiglu {
     }
 }
 
+/// GeGLU (tanh GELU); gates up to `±gate_scale`.
+pub struct Geglu {
+    /// `[len]`, in `[-gate_scale, gate_scale)`.
+    pub gate: Vec<f32>,
+    /// `[len]`.
+    pub up: Vec<f32>,
+}
+
+impl Geglu {
+    /// Random gates up to `±gate_scale` and up values of `len` elements.
+    pub fn new(len: usize, gate_scale: f32, seed: u64) -> Self {
+        let Swiglu { gate, up } = Swiglu::new(len, gate_scale, seed);
+        Geglu { gate, up }
+    }
+}
+
+impl Case for Geglu {
+    fn label(&self) -> String {
+        format!("geglu len {}", self.gate.len())
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.gate.len()];
+        b.geglu(&self.gate, &self.up, &mut out)
+            .expect("geglu shapes");
+        out
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        oracle::geglu(&self.gate, &self.up)
+    }
+}
+
 /// Residual add.
 pub struct Add {
     /// The accumulator, `[len]`.

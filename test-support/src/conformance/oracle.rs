@@ -47,6 +47,12 @@
 //! - SwiGLU `g/(1 + e^(−g))·u`: `exp`, the add, the division and the product:
 //!   `(EXP_ULPS + 6)·u·|out|`, plus `1e-30·|u|`: for `g < −88`, `e^(−g)` overflows f32 and
 //!   the f32 formula returns `−0` where the exact value is below `1e-36`.
+//! - GeGLU `½·g·(1 + tanh(z))·u`, `z = √(2/π)·(g + 0.044715·g³)`: `z` is within `6u`
+//!   relative (the two terms have the same sign, so nothing cancels); through `tanh`
+//!   that is at most `6u·max(z·sech²z) < 3u` absolute, plus `tanh`'s own `EXP_ULPS` ulps
+//!   and the add's rounding: `1 + tanh(z)` within `(EXP_ULPS + 5)·u` absolute, which
+//!   cancellation for negative `g` makes large relative to the result; the three products
+//!   add `3u` relative: `3u·|out| + (EXP_ULPS + 5)·u·½|g·u|`.
 //! - add: IEEE addition is correctly rounded, `u·|out|`; two correct implementations
 //!   agree bit for bit, which the conformance suite requires.
 
@@ -292,6 +298,24 @@ pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<Bounded> {
             Bounded {
                 value,
                 bound: (EXP_ULPS + 6.0) * U * value.abs() + 1e-30 * u.abs() + 4.0 * TINY,
+            }
+        })
+        .collect()
+}
+
+/// `gelu_tanh(gate) ⊙ up`.
+pub fn geglu(gate: &[f32], up: &[f32]) -> Vec<Bounded> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let (g, u) = (f64::from(g), f64::from(u));
+            let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            let value = 0.5 * g * (1.0 + z.tanh()) * u;
+            Bounded {
+                value,
+                bound: 3.0 * U * value.abs()
+                    + (EXP_ULPS + 5.0) * U * 0.5 * (g * u).abs()
+                    + 4.0 * TINY,
             }
         })
         .collect()

@@ -182,7 +182,7 @@ pub fn check<B: Backend>(b: &B) {
     );
     untouched(&out);
 
-    // swiglu, add: equal lengths (the `what` label is the backend's own)
+    // swiglu, geglu, add: equal lengths (the `what` label is the backend's own)
     let length_mismatch = |r: Result<(), ShapeError>, expected, actual| match r {
         Err(ShapeError::Length {
             expected: e,
@@ -196,6 +196,12 @@ pub fn check<B: Backend>(b: &B) {
     untouched(&out);
     let mut out = f(4);
     length_mismatch(b.swiglu(&f(5), &f(5), &mut out), 5, 4);
+    untouched(&out);
+    let mut out = f(5);
+    length_mismatch(b.geglu(&f(5), &f(4), &mut out), 5, 4);
+    untouched(&out);
+    let mut out = f(4);
+    length_mismatch(b.geglu(&f(5), &f(5), &mut out), 5, 4);
     untouched(&out);
     let mut acc = f(5);
     length_mismatch(b.add(&mut acc, &f(6)), 5, 6);

@@ -151,7 +151,7 @@ impl Default for SharedBackend {
 /// - proptests (fixed RNG seed, so every run draws the same inputs; 48 cases each):
 ///   `gemv`, `gemm` (also against the backend's own GEMV), `quantized_vs_f32`,
 ///   `gemv_q8`, `embed_row` (exact), `rope`, `attention_heads`, `attention`,
-///   `attention_segments_do_not_change_bits`, `rms_norm`, `swiglu`, `add` (exact),
+///   `attention_segments_do_not_change_bits`, `rms_norm`, `swiglu`, `geglu`, `add` (exact),
 ///   `softmax`;
 /// - SmolLM2-135M's shapes: `model_matmul_{f32,f16,bf16,q8_0,q4_0,q4_1}`,
 ///   `model_output_gemv_49152x576`, `model_attention_and_elementwise`;
@@ -174,7 +174,7 @@ macro_rules! conformance_suite {
             };
             use $crate::conformance::cases::{
                 Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase,
-                Softmax, Swiglu,
+                Softmax, Swiglu, Geglu,
             };
             use $crate::conformance::inputs::{Matrix, Rng};
             use $crate::conformance::oracle::bits;
@@ -293,6 +293,14 @@ macro_rules! conformance_suite {
                     seed in any::<u64>()
                 ) {
                     conforms(b(), &Swiglu::new(len, gate_scale, seed))?;
+                }
+
+                #[test]
+                fn geglu(
+                    len in dim(), gate_scale in prop::sample::select(vec![4.0f32, 20.0, 120.0]),
+                    seed in any::<u64>()
+                ) {
+                    conforms(b(), &Geglu::new(len, gate_scale, seed))?;
                 }
 
                 #[test]
