@@ -10,7 +10,8 @@ use kvcore_rayon::{Rayon, RayonError};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use kvcore_test_support::conformance::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax, Swiglu, Geglu,
+    Add, Attention, AttnShape, Case, Embed, Geglu, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax,
+    Swiglu,
 };
 use kvcore_test_support::conformance::model::MATMUL_SHAPES;
 use kvcore_test_support::conformance::oracle::bits;

@@ -12,7 +12,7 @@
 use kvcore::backend::{DType, Mask};
 use kvcore_scalar::Scalar;
 use kvcore_test_support::conformance::cases::{
-    Add, Attention, AttnShape, Case, Embed, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu, Geglu,
+    Add, Attention, AttnShape, Case, Embed, Geglu, Gemm, Gemv, RmsNorm, RopeCase, Softmax, Swiglu,
 };
 use kvcore_test_support::conformance::model::MATMUL_SHAPES;
 use kvcore_test_support::conformance::oracle::{bits, check};

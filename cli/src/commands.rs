@@ -270,12 +270,16 @@ impl TextModel {
 
     /// The chat template, owned, or an error saying there is none.
     pub fn into_template(self) -> anyhow::Result<(GgufFile, Tokenizer, ChatTemplate)> {
-        let template = self.template.context(NO_TEMPLATE)?;
+        let template = self.template.context(
+            "kvcore chat needs the model's chat template (tokenizer.chat_template) and this \
+             model has none (a base model); use `kvcore generate` for plain-text completion",
+        )?;
         Ok((self.file, self.tok, template))
     }
 }
 
-const NO_TEMPLATE: &str = "the model has no chat template (tokenizer.chat_template); use --raw";
+const NO_TEMPLATE: &str =
+    "the model has no chat template (tokenizer.chat_template), which --system needs; use --raw";
 
 /// The ids of raw `text` with the BOS the model asks for.
 pub fn prompt_ids(tok: &Tokenizer, text: &str, special: Special) -> Vec<u32> {

@@ -81,7 +81,10 @@ fn check_layers(c: LlamaConfig) -> Result<LlamaConfig, ModelError> {
     if c.layers.len() != c.n_layers {
         return Err(ModelError::Config {
             key: format!("{}.block_count", c.arch.name()),
-            problem: format!("{} layers is more than the {MAX_LAYERS} supported", c.n_layers),
+            problem: format!(
+                "{} layers is more than the {MAX_LAYERS} supported",
+                c.n_layers
+            ),
         });
     }
     Ok(c)

@@ -410,10 +410,20 @@ impl<B: Backend> Llama<B> {
             let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
             if let Some((q_norm, k_norm)) = &blk.qk_norm {
                 // Rows of [n·heads, head_dim]: one RMSNorm per head.
-                q = self.rms_norm(&q.into_shape_with_order((n * c.n_heads, c.head_dim)).expect("std"), q_norm)?
+                q = self
+                    .rms_norm(
+                        &q.into_shape_with_order((n * c.n_heads, c.head_dim))
+                            .expect("std"),
+                        q_norm,
+                    )?
                     .into_shape_with_order((n, c.q_dim()))
                     .expect("std");
-                k = self.rms_norm(&k.into_shape_with_order((n * c.n_kv_heads, c.head_dim)).expect("std"), k_norm)?
+                k = self
+                    .rms_norm(
+                        &k.into_shape_with_order((n * c.n_kv_heads, c.head_dim))
+                            .expect("std"),
+                        k_norm,
+                    )?
                     .into_shape_with_order((n, c.kv_dim()))
                     .expect("std");
             }
