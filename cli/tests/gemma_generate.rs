@@ -65,7 +65,10 @@ fn the_readme_command_prints_the_reference_continuation() {
         ));
         let v: Value = serde_json::from_str(&stdout).expect("one JSON object");
         assert_eq!(v["tokens"], r["greedy_ids"], "{backend}");
-        assert_eq!(v["prompt_ids"], r["prompt_ids"], "{backend}: BOS and ids");
+        assert_eq!(
+            v["prompt_tokens"], r["prompt_ids"],
+            "{backend}: BOS and ids"
+        );
     }
 }
 
