@@ -1,7 +1,10 @@
-//! Random tiny Llama models as in-memory GGUF files, for tests and fuzzing.
+//! Random tiny Llama-family models as in-memory GGUF files, for tests and fuzzing.
 //!
 //! [`TinyLlama`] writes a complete llama-architecture GGUF (metadata and every tensor) with
-//! seeded random weights in any [`DType`]. Block formats get random quants under a small
+//! seeded random weights in any [`DType`] ([`TinyLlama::to_gguf`]), or the same shapes as
+//! a `gemma3`-architecture file with a sliding window of any size
+//! ([`TinyLlama::to_gemma3_gguf`]: per-head q/k norms, post norms, GeGLU, and layer `l` a
+//! window layer when `l % 6 < 5`). Block formats get random quants under a small
 //! scale, so the network's activations stay in a sane range at every depth. The files load
 //! through the same [`GgufFile`](kvcore::gguf::GgufFile) and
 //! [`Llama::load`](kvcore::model::Llama::load) path as a real model.
@@ -42,24 +45,50 @@ impl TinyLlama {
         self.n_heads * self.head_dim
     }
 
-    /// The GGUF file's bytes.
+    /// The GGUF file's bytes (`general.architecture = llama`).
     pub fn to_gguf(&self) -> Vec<u8> {
+        self.write(None)
+    }
+
+    /// The same shapes as a `gemma3` file whose window layers see `window` positions.
+    pub fn to_gemma3_gguf(&self, window: usize) -> Vec<u8> {
+        self.write(Some(window))
+    }
+
+    fn write(&self, gemma3_window: Option<usize>) -> Vec<u8> {
         let d = self.d_model();
         let kv_dim = self.n_kv_heads * self.head_dim;
         let mut rng = self.seed ^ 0x6b76_636f_7265;
         let mut w = GgufWriter::new();
         let u32v = |v: usize| Value::U32(v as u32);
-        w.metadata("general.architecture", Value::Str("llama".into()))
-            .metadata("general.name", Value::Str("tiny-random-llama".into()))
-            .metadata("llama.block_count", u32v(self.n_layers))
-            .metadata("llama.context_length", u32v(self.context_len))
-            .metadata("llama.embedding_length", u32v(d))
-            .metadata("llama.feed_forward_length", u32v(self.ffn_dim))
-            .metadata("llama.attention.head_count", u32v(self.n_heads))
-            .metadata("llama.attention.head_count_kv", u32v(self.n_kv_heads))
-            .metadata("llama.rope.freq_base", Value::F32(10_000.0))
-            .metadata("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
-            .metadata("llama.vocab_size", u32v(self.vocab_size));
+        let arch = if gemma3_window.is_some() {
+            "gemma3"
+        } else {
+            "llama"
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        // Gemma 3's global layers use the file's base, its window layers 10 000.
+        let rope_base = if gemma3_window.is_some() {
+            1_000_000.0
+        } else {
+            10_000.0
+        };
+        w.metadata("general.architecture", Value::Str(arch.into()))
+            .metadata("general.name", Value::Str(format!("tiny-random-{arch}")))
+            .metadata(&key("block_count"), u32v(self.n_layers))
+            .metadata(&key("context_length"), u32v(self.context_len))
+            .metadata(&key("embedding_length"), u32v(d))
+            .metadata(&key("feed_forward_length"), u32v(self.ffn_dim))
+            .metadata(&key("attention.head_count"), u32v(self.n_heads))
+            .metadata(&key("attention.head_count_kv"), u32v(self.n_kv_heads))
+            .metadata(&key("rope.freq_base"), Value::F32(rope_base))
+            .metadata(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+            .metadata(&key("vocab_size"), u32v(self.vocab_size));
+        if let Some(window) = gemma3_window {
+            w.metadata(&key("attention.key_length"), u32v(self.head_dim))
+                .metadata(&key("attention.value_length"), u32v(self.head_dim))
+                .metadata(&key("attention.sliding_window"), u32v(window));
+        }
         let mut mat = |w: &mut GgufWriter, name: String, rows: usize, cols: usize| {
             let scale = 1.0 / (cols as f32).sqrt();
             let data = random_matrix(self.dtype, rows, cols, scale, &mut rng);
@@ -78,19 +107,25 @@ impl TinyLlama {
             mat(&mut w, format!("blk.{l}.ffn_up.weight"), self.ffn_dim, d);
             mat(&mut w, format!("blk.{l}.ffn_down.weight"), d, self.ffn_dim);
         }
-        let mut norm = |w: &mut GgufWriter, name: String| {
-            let v: Vec<f32> = (0..d).map(|_| 1.0 + 0.1 * uniform(&mut rng)).collect();
+        let mut norm_of = |w: &mut GgufWriter, name: String, len: usize| {
+            let v: Vec<f32> = (0..len).map(|_| 1.0 + 0.1 * uniform(&mut rng)).collect();
             w.tensor(
                 &name,
                 DType::F32,
-                &[d as u64],
+                &[len as u64],
                 bytemuck::cast_slice(&v).to_vec(),
             );
         };
-        norm(&mut w, "output_norm.weight".into());
+        norm_of(&mut w, "output_norm.weight".into(), d);
         for l in 0..self.n_layers {
-            norm(&mut w, format!("blk.{l}.attn_norm.weight"));
-            norm(&mut w, format!("blk.{l}.ffn_norm.weight"));
+            norm_of(&mut w, format!("blk.{l}.attn_norm.weight"), d);
+            norm_of(&mut w, format!("blk.{l}.ffn_norm.weight"), d);
+            if gemma3_window.is_some() {
+                norm_of(&mut w, format!("blk.{l}.attn_q_norm.weight"), self.head_dim);
+                norm_of(&mut w, format!("blk.{l}.attn_k_norm.weight"), self.head_dim);
+                norm_of(&mut w, format!("blk.{l}.post_attention_norm.weight"), d);
+                norm_of(&mut w, format!("blk.{l}.post_ffw_norm.weight"), d);
+            }
         }
         w.to_bytes()
     }
