@@ -1,4 +1,4 @@
-//! The `gguf_model` property: a tiny Llama GGUF with fields mutated by the input either
+//! The `gguf_model` property: a tiny Llama or Gemma 3 GGUF with fields mutated by the input either
 //! fails to parse or load with an error, or runs a forward pass; nothing panics, hangs or
 //! allocates without bound.
 //!
@@ -11,7 +11,8 @@
 //! byte 0  dtype of the matrices: MODEL_DTYPES[b % 6]
 //! byte 1  n_heads = [1, 2, 4][b % 3]; n_kv_heads = n_heads >> ((b / 3) % 3), at least 1
 //! byte 2  head_dim: F32/F16/BF16 [2, 4, 8, 16][b % 4]; block formats (32 / n_heads)·(1 + b % 2)
-//! byte 3  n_layers = 1 + b % 2; untied output if b & 4; ffn_dim from b >> 3
+//! byte 3  n_layers = 1 + b % 2; a `gemma3` file (window 1 + (b >> 4) % 4) if b & 2, else
+//!         `llama`; untied output if b & 4; ffn_dim from (b >> 3) % 2
 //! byte 4  vocab_size = 4 + b % 29
 //! byte 5  weight seed
 //! byte 6  prompt length 1 + b % 4, then that many token ids, one byte each, taken
@@ -136,8 +137,12 @@ struct Description {
 }
 
 impl Description {
-    fn of(tiny: &TinyLlama) -> Description {
-        let file = GgufFile::from_bytes(tiny.to_gguf()).expect("TinyLlama writes valid GGUF");
+    fn of(tiny: &TinyLlama, gemma3_window: Option<usize>) -> Description {
+        let bytes = match gemma3_window {
+            Some(window) => tiny.to_gemma3_gguf(window),
+            None => tiny.to_gguf(),
+        };
+        let file = GgufFile::from_bytes(bytes).expect("TinyLlama writes valid GGUF");
         Description {
             metadata: file.metadata().to_vec(),
             tensors: file
@@ -282,7 +287,8 @@ pub fn check_gguf_model(data: &[u8]) {
     let ids = tiny.vocab_size as u32 + 1;
     let prompt: Vec<u32> = (0..n_prompt).map(|_| u32::from(input.u8()) % ids).collect();
 
-    let mut desc = Description::of(&tiny);
+    let gemma3_window = (b & 2 != 0).then_some(1 + usize::from(b >> 4) % 4);
+    let mut desc = Description::of(&tiny, gemma3_window);
     let mut patches = Vec::new();
     for _ in 0..MAX_EDITS {
         if input.is_empty() {
