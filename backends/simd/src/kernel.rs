@@ -48,6 +48,15 @@ pub(crate) trait Kernel: Copy {
     /// `values` (each `out.len()` long) and `t in 0..p.len()`.
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]);
 
+    /// Softmax of one row in place, with `Backend::softmax`'s contract (max-subtracted;
+    /// a NaN makes the row NaN; an all-`−∞` row becomes zeros). The default is the scalar
+    /// reference (exact `exp`); a family may vectorise it within the conformance
+    /// tolerance (whose `exp` allowance is `EXP_ULPS` ulps).
+    fn softmax(self, x: &mut [f32]) {
+        use kvcore::backend::Backend;
+        kvcore_scalar::Scalar.softmax(x)
+    }
+
     /// `Σ x_j²` in f32.
     fn sum_squares(self, x: &[f32]) -> f32;
 

@@ -15,10 +15,11 @@
 //! |----|-----------|
 //! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
-//! | `attention` | SIMD scores and weighted sum, scalar softmax (exact `exp`) |
+//! | `attention` | per KV group, blocks of 64 key/value rows shared by the group's heads; SIMD scores, softmax and weighted sum |
+//! | `softmax` | AVX2: a vectorised `exp` within 3 ulps (`x86/dot.rs`); NEON: the scalar reference |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
-//! | `rope`, `swiglu`, `geglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
+//! | `rope`, `swiglu`, `geglu`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
 //! | `quantize_q8` | SIMD 8-bit quantiser, bit for bit the reference |
 //! | `gemv_q8` | integer dot products of the weight and activation bytes per block, one f32 FMA per block (`q8.rs`) |
 //!
@@ -254,7 +255,7 @@ impl Backend for Simd {
     }
 
     fn softmax(&self, x: &mut [f32]) {
-        Scalar.softmax(x)
+        dispatch!(self, k => kernel::Kernel::softmax(k, x), scalar => Scalar.softmax(x));
     }
 
     fn embed_row(

@@ -6,8 +6,9 @@
 //!   directly on the stored values for aligned `F32` weights (strides express the
 //!   transpose, no copy), else on panels of [`PANEL_ROWS`] weight rows decoded into an
 //!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens.
-//! - `attention`: SIMD scores, the scalar reference softmax (exact `exp`), SIMD
-//!   weighted sum of the value rows.
+//! - `attention`: per query row and KV group, blocks of [`ATTN_BLOCK`] key rows scored
+//!   for every head of the group while they are in cache, the family's softmax (AVX2: a
+//!   vectorised `exp`), then the value rows block by block into every head's output.
 //! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
 //!   products.
 //!
@@ -17,10 +18,9 @@
 
 use crate::kernel::Kernel;
 use crate::sgemm::{Gemm, sgemm};
-use kvcore::backend::{AttnParams, Backend, DType, QK, ShapeError, Weights};
+use kvcore::backend::{AttnParams, DType, QK, ShapeError, Weights};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
-use kvcore_scalar::Scalar;
 use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel: `64 × 1536 × 4` bytes = 384 KiB at SmolLM2's
@@ -102,9 +102,41 @@ fn head_rows<'a>(
     })
 }
 
-/// One layer's attention; shapes checked by the caller. Per (row, head): SIMD scores of
-/// the visible slots, segment by segment, the scalar reference softmax over all of them
-/// (exact `exp`), then the SIMD weighted sum in the same order into `out`.
+/// Slots per attention block: the key (or value) rows of one block, `64 × head_dim × 4`
+/// bytes (16 KiB at SmolLM2's 64, 64 KiB at Gemma 3's 256), are read from memory once and
+/// served from L1/L2 to every query head of their KV group.
+pub(crate) const ATTN_BLOCK: usize = 64;
+
+thread_local! {
+    /// The scores of one query row's KV group, `[group, visible slots]`: reused by every
+    /// call on this thread, so a decode step allocates nothing once it has run.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The visible slots of a view for one query position, cut into blocks of at most
+/// [`ATTN_BLOCK`] within one segment: `(segment, slots, offset into the scores)`.
+fn blocks(visible: &[Range<usize>]) -> impl Iterator<Item = (usize, Range<usize>, usize)> + '_ {
+    let mut at = 0;
+    visible.iter().enumerate().flat_map(move |(seg, vis)| {
+        let start = at;
+        at += vis.len();
+        (vis.start..vis.end).step_by(ATTN_BLOCK).map(move |b0| {
+            let b1 = (b0 + ATTN_BLOCK).min(vis.end);
+            (seg, b0..b1, start + (b0 - vis.start))
+        })
+    })
+}
+
+/// One layer's attention; shapes checked by the caller.
+///
+/// Per query row and KV group: the scores of every query head of the group, block by
+/// block of visible slots (each block of key rows read once for the whole group, the
+/// score of each head and slot the SIMD dot product of `K::scores`); then each head's
+/// softmax (`K::softmax`); then the weighted sum of the value rows, again block by block
+/// for the whole group (`K::weighted_sum` continues each output's chain of fused
+/// multiply-adds across blocks, so the blocking changes no bits). Every head's numbers are
+/// computed by the same operations in the same order whatever the group, the blocking or
+/// the split of rows and heads, so `Rayon` splitting a call stays bitwise equal.
 pub(crate) fn attention<K: Kernel>(
     k: K,
     q: ArrayView3<'_, f32>,
@@ -121,40 +153,45 @@ pub(crate) fn attention<K: Kernel>(
         })?;
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
-    let mut scores = Vec::new();
-    for (i, &pos) in q_pos.iter().enumerate() {
-        let visible: Vec<Range<usize>> = (runs.iter())
-            .map(|run| run.segment.visible(pos, params.mask))
-            .collect();
-        let total = visible.iter().map(Range::len).sum();
-        for h in 0..n_heads {
-            let kvh = h / group;
-            let qh = q.slice(s![i, h, ..]);
-            let qh = qh
-                .as_slice()
-                .expect("the last axis is contiguous (checked)");
+    SCORES.with_borrow_mut(|scores| {
+        for (i, &pos) in q_pos.iter().enumerate() {
+            let visible: Vec<Range<usize>> = (runs.iter())
+                .map(|run| run.segment.visible(pos, params.mask))
+                .collect();
+            let total: usize = visible.iter().map(Range::len).sum();
             scores.clear();
-            scores.resize(total, 0.0f32);
-            let mut at = 0;
-            for (run, vis) in runs.iter().zip(&visible) {
-                let dst = &mut scores[at..at + vis.len()];
-                k.scores(qh, head_rows(run.keys, vis.clone(), kvh), params.scale, dst);
-                at += vis.len();
-            }
-            Scalar.softmax(&mut scores);
-            let mut oh = out.slice_mut(s![i, h, ..]);
-            let oh = oh
-                .as_slice_mut()
-                .expect("the last axis is contiguous (checked)");
-            oh.fill(0.0);
-            let mut at = 0;
-            for (run, vis) in runs.iter().zip(&visible) {
-                let p = &scores[at..at + vis.len()];
-                k.weighted_sum(p, head_rows(run.values, vis.clone(), kvh), oh);
-                at += vis.len();
+            scores.resize(group * total, 0.0);
+            for kvh in 0..kv.n_kv_heads() {
+                let heads = kvh * group..(kvh + 1) * group;
+                for (seg, slots, at) in blocks(&visible) {
+                    for (g, h) in heads.clone().enumerate() {
+                        let qh = q.slice(s![i, h, ..]);
+                        let qh = qh
+                            .as_slice()
+                            .expect("the last axis is contiguous (checked)");
+                        let dst = &mut scores[g * total + at..][..slots.len()];
+                        let keys = head_rows(runs[seg].keys, slots.clone(), kvh);
+                        k.scores(qh, keys, params.scale, dst);
+                    }
+                }
+                for g in 0..group {
+                    k.softmax(&mut scores[g * total..(g + 1) * total]);
+                    out.slice_mut(s![i, kvh * group + g, ..]).fill(0.0);
+                }
+                for (seg, slots, at) in blocks(&visible) {
+                    for (g, h) in heads.clone().enumerate() {
+                        let p = &scores[g * total + at..][..slots.len()];
+                        let mut oh = out.slice_mut(s![i, h, ..]);
+                        let oh = oh
+                            .as_slice_mut()
+                            .expect("the last axis is contiguous (checked)");
+                        let values = head_rows(runs[seg].values, slots.clone(), kvh);
+                        k.weighted_sum(p, values, oh);
+                    }
+                }
             }
         }
-    }
+    });
     Ok(())
 }
 

@@ -1,5 +1,5 @@
-//! AVX2 + FMA f32 kernels: dot products, attention scores and weighted sums, RMSNorm's
-//! sum of squares and products, the residual add.
+//! AVX2 + FMA f32 kernels: dot products, attention scores, softmax and weighted sums,
+//! RMSNorm's sum of squares and products, the residual add.
 //!
 //! Numerics of [`dot`]: four independent 8-lane accumulators over 32-element chunks
 //! (hiding the 4-cycle FMA latency), then one accumulator over 8-element chunks, a
@@ -7,6 +7,21 @@
 //! the products with fused multiply-adds, so the result differs from the scalar
 //! left-to-right sum by rounding only: both are within `γ_n·Σ|a_j b_j|` of the exact
 //! value. The element-wise kernels (`scale_mul`, `add`) round exactly as the scalar code.
+//!
+//! [`weighted_sum`] keeps up to 64 outputs in registers across the value rows; each
+//! output is the chain `o ← fma(p_t, v_tj, o)` in `t` order (an unfused `o + p_t·v_tj`
+//! for the `head_dim mod 8` tail), in registers instead of through memory.
+//!
+//! [`softmax`] is the reference's algorithm (NaN row → NaN, all `−∞` → zeros, max
+//! subtracted, divide by the sum) with a vectorised `exp` ([`exp8`]) and an 8-lane sum:
+//! `exp` is within 3 ulps of the exact value for every argument `≤ 0` that does not
+//! underflow (Cephes' `expf`: `n = round(x·log₂e)`, `r = x − n·ln2` in two FMA steps, a
+//! degree-7 polynomial, `·2ⁿ` through the exponent bits), and flushes results below
+//! `f32::MIN_POSITIVE` (arguments below −87.3) to zero where libm returns a subnormal: an
+//! absolute error below `1.2e-38`. Both are inside the conformance suite's allowance
+//! for `exp` (`EXP_ULPS` = 16 ulps) and its absolute `TINY` terms. The reference's
+//! exact `expf` costs ~5 ns per score, which at a depth of 4096 positions is most of a
+//! decode step's attention.
 
 use std::arch::x86_64::*;
 
@@ -46,8 +61,11 @@ pub(super) fn hsum(v: __m256) -> f32 {
 
 /// `Σ_j a_j·b_j` (see the module docs for the order).
 ///
+/// Inlined into the attention loops: a call per key row was a fifth of a decode step at
+/// depth.
 /// # Panics
 /// If the lengths differ.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -73,24 +91,6 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// `y ← y + α·x` with fused multiply-adds (scalar tail unfused).
-///
-/// # Panics
-/// If the lengths differ.
-#[target_feature(enable = "avx2,fma")]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len());
-    let a = _mm256_set1_ps(alpha);
-    let mut yc = y.chunks_exact_mut(8);
-    let mut xc = x.chunks_exact(8);
-    for (yv, xv) in yc.by_ref().zip(xc.by_ref()) {
-        store(yv, _mm256_fmadd_ps(a, load(xv), load(yv)));
-    }
-    for (yv, &xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *yv += alpha * xv;
-    }
-}
-
 /// `scores[t] ← scale · q·k_t` for the rows `k_t` of `keys`, in order.
 ///
 /// # Panics
@@ -107,7 +107,8 @@ pub(super) fn scores<'a>(
     }
 }
 
-/// `out ← out + Σ_t p_t · v_t` for the rows `v_t` of `values`, in `t` order.
+/// `out ← out + Σ_t p_t · v_t` for the rows `v_t` of `values`, in `t` order (see the
+/// module docs for each output's chain).
 ///
 /// # Panics
 /// If a row's length is not `out.len()`, or `values` yields fewer rows than `p` holds.
@@ -117,8 +118,116 @@ pub(super) fn weighted_sum<'a>(
     mut values: impl Iterator<Item = &'a [f32]>,
     out: &mut [f32],
 ) {
-    for &pt in p {
-        axpy(pt, values.next().expect("one value row per weight"), out);
+    /// Rows gathered per pass over the output columns.
+    const ROWS: usize = 64;
+    /// Output vectors kept in registers (64 floats).
+    const VECS: usize = 8;
+    let d = out.len();
+    let mut rows: [&[f32]; ROWS] = [&[]; ROWS];
+    for pc in p.chunks(ROWS) {
+        for r in rows.iter_mut().take(pc.len()) {
+            *r = values.next().expect("one value row per weight");
+            assert_eq!(r.len(), d, "value row length");
+        }
+        let rows = &rows[..pc.len()];
+        let mut c0 = 0;
+        while c0 + 8 <= d {
+            let nv = ((d - c0) / 8).min(VECS);
+            let mut acc = [_mm256_setzero_ps(); VECS];
+            for (v, a) in acc.iter_mut().enumerate().take(nv) {
+                *a = load(&out[c0 + 8 * v..]);
+            }
+            for (&pt, row) in pc.iter().zip(rows) {
+                let pv = _mm256_set1_ps(pt);
+                for (v, a) in acc.iter_mut().enumerate().take(nv) {
+                    *a = _mm256_fmadd_ps(pv, load(&row[c0 + 8 * v..]), *a);
+                }
+            }
+            for (v, a) in acc.iter().enumerate().take(nv) {
+                store(&mut out[c0 + 8 * v..], *a);
+            }
+            c0 += 8 * nv;
+        }
+        for j in c0..d {
+            for (&pt, row) in pc.iter().zip(rows) {
+                out[j] += pt * row[j];
+            }
+        }
+    }
+}
+
+/// `e^x` in eight lanes for `x ≤ 0` (see the module docs for the error): `x > 0` is not
+/// used by softmax and saturates at `e^0`-scaled values up to `2^127`; NaN lanes give NaN.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn exp8(x: __m256) -> __m256 {
+    // Cephes expf: e^x = 2^n · e^r, n = round(x·log2 e), |r| ≤ ln2/2.
+    let lo = _mm256_set1_ps(-87.336_55); // ln(f32::MIN_POSITIVE)
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+    let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
+    let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.376_26));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        xc,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_2e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5, // Cephes 5.0000001201e-1, which rounds to 0.5 in f32
+    ] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0));
+    // 2^n for n in −126 ..= 127: the biased exponent in the float's bits.
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    let y = _mm256_andnot_ps(tiny, y);
+    _mm256_blendv_ps(y, _mm256_set1_ps(f32::NAN), nan)
+}
+
+/// Softmax of `x` in place (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn softmax(x: &mut [f32]) {
+    if x.iter().any(|v| v.is_nan()) {
+        x.fill(f32::NAN);
+        return;
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let m = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in chunks.by_ref() {
+        let e = exp8(_mm256_sub_ps(load(c), m));
+        store(c, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    let tail = chunks.into_remainder();
+    let mut s = hsum(sum);
+    if !tail.is_empty() {
+        let mut buf = [f32::NEG_INFINITY; 8];
+        buf[..tail.len()].copy_from_slice(tail);
+        let mut e = [0.0f32; 8];
+        store(&mut e, exp8(_mm256_sub_ps(load(&buf), m)));
+        for (t, &v) in tail.iter_mut().zip(&e) {
+            *t = v;
+            s += v;
+        }
+    }
+    for v in x.iter_mut() {
+        *v /= s;
     }
 }
 

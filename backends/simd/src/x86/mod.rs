@@ -74,6 +74,11 @@ impl Kernel for Avx2 {
         unsafe { dot::weighted_sum(p, values, out) }
     }
 
+    fn softmax(self, x: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::softmax(x) }
+    }
+
     fn sum_squares(self, x: &[f32]) -> f32 {
         // SAFETY: features detected (see above).
         unsafe { dot::dot(x, x) }
