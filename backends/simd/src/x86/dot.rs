@@ -270,3 +270,79 @@ pub(super) fn add(acc: &mut [f32], x: &[f32]) {
         *a += xv;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// These kernels need AVX2 and FMA: a machine without them fails, never skips.
+    fn require_avx2() {
+        assert!(
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            "these tests need AVX2 and FMA"
+        );
+    }
+
+    /// `exp8` at `x`, through a vector of eight copies.
+    fn exp_at(x: f32) -> f32 {
+        require_avx2();
+        let mut out = [0.0f32; 8];
+        // SAFETY: AVX2 and FMA detected above.
+        unsafe { store(&mut out, exp8(_mm256_set1_ps(x))) };
+        out[0]
+    }
+
+    /// Distance in units of the last place of the exact value.
+    fn ulps(got: f32, exact: f64) -> f64 {
+        let e = exact as f32;
+        let ulp = f64::from(f32::from_bits(e.to_bits() + 1) - e);
+        (f64::from(got) - exact).abs() / ulp
+    }
+
+    /// The bound the module docs state: 3 ulps over the whole range softmax uses, zero
+    /// below `ln(f32::MIN_POSITIVE)`, exactly 1 at 0, NaN for NaN.
+    #[test]
+    fn exp8_is_within_three_ulps_on_the_softmax_range() {
+        let (mut worst, mut at) = (0.0f64, 0.0f32);
+        let n = 1 << 20;
+        for i in 0..=n {
+            let x = -87.336_55f32 * (i as f32 / n as f32);
+            let u = ulps(exp_at(x), f64::from(x).exp());
+            if u > worst {
+                (worst, at) = (u, x);
+            }
+        }
+        assert!(worst <= 3.0, "{worst} ulps at {at}");
+        assert_eq!(exp_at(0.0), 1.0);
+        assert_eq!(exp_at(-87.4), 0.0);
+        assert_eq!(exp_at(f32::NEG_INFINITY), 0.0);
+        assert!(exp_at(f32::NAN).is_nan());
+    }
+
+    /// The softmax keeps the reference's special rows and sums to one.
+    #[test]
+    fn softmax_rows() {
+        let run = |v: &[f32]| {
+            let mut x = v.to_vec();
+            require_avx2();
+            // SAFETY: AVX2 and FMA detected just above.
+            unsafe { softmax(&mut x) };
+            x
+        };
+        assert!(run(&[1.0, f32::NAN, 2.0]).iter().all(|v| v.is_nan()));
+        assert_eq!(run(&[f32::NEG_INFINITY; 11]), vec![0.0; 11]);
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let p = run(&x);
+        let sum: f64 = p.iter().map(|&v| f64::from(v)).sum();
+        assert!((sum - 1.0).abs() < 1e-6, "{sum}");
+        let max = x.iter().cloned().fold(f32::MIN, f32::max);
+        for (pi, xi) in p.iter().zip(&x) {
+            let z: f64 = x.iter().map(|&v| f64::from(v - max).exp()).sum();
+            let want = f64::from(xi - max).exp() / z;
+            assert!(
+                (f64::from(*pi) - want).abs() <= 1e-6 * want + 1e-30,
+                "{pi} vs {want}"
+            );
+        }
+    }
+}
