@@ -67,7 +67,7 @@ pub mod session;
 pub mod tokenizer;
 
 pub use backend::{AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights};
-pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView};
+pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView, WindowKv};
 /// The array crate of kvcore's public signatures (attention's operands, the KV views),
 /// re-exported so callers use the same version.
 pub use ndarray;

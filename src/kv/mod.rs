@@ -37,12 +37,15 @@ mod dense;
 mod grow;
 mod rows;
 mod view;
+mod window;
 
 pub use dense::DenseKv;
 pub use grow::GrowKv;
 pub use view::{F32Segment, KvRows, KvSegment, KvView};
+pub use window::WindowKv;
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use ndarray::ArrayView2;
@@ -189,6 +192,34 @@ pub enum KvError {
         /// The first position after the previous segment.
         after: usize,
     },
+    /// A rewind ([`KvStore::truncate`], or [`KvStore::begin`] at `pos < len`) to a
+    /// position whose queries would see positions a sliding-window layer has already
+    /// evicted: a ring cannot bring them back. Every position from `earliest` on (and 0,
+    /// a clear) is still possible; a session re-prefills from 0 instead.
+    #[error(
+        "cannot rewind to position {pos}: a sliding-window layer no longer holds the positions a query there sees (the earliest position to rewind to, besides 0, is {earliest})"
+    )]
+    BehindWindow {
+        /// The position asked for.
+        pos: usize,
+        /// The earliest position `> 0` the store can rewind to.
+        earliest: usize,
+    },
+    /// [`WindowKv::new`] with a window list whose length is not the number of layers.
+    #[error("{found} layer windows given for a KV store of {n_layers} layers")]
+    WindowCount {
+        /// Entries given.
+        found: usize,
+        /// The store's layers.
+        n_layers: usize,
+    },
+    /// [`WindowKv::new`] with a window of 0 positions (a layer whose queries would see
+    /// nothing, not even themselves).
+    #[error("layer {layer} has a sliding window of 0 positions (the smallest is 1)")]
+    ZeroWindow {
+        /// The layer.
+        layer: usize,
+    },
     /// A segment whose positions run past `usize::MAX`.
     #[error("a segment of {len} slots at position {start} overflows")]
     PositionOverflow {
@@ -281,11 +312,54 @@ pub trait KvStore: Send {
 
     /// Keeps positions `0 .. min(n, len)` and drops the rest; capacity is kept. Discards
     /// an open append first.
-    fn truncate(&mut self, n: usize);
+    ///
+    /// Errors with [`KvError::BehindWindow`], changing nothing (an open append stays
+    /// open), when `0 < n < len` and the store can no longer hold what a query at `n`
+    /// sees ([`can_rewind_to`](KvStore::can_rewind_to) is false). `truncate(0)` and
+    /// `truncate(n ≥ len)` always succeed.
+    fn truncate(&mut self, n: usize) -> Result<(), KvError>;
 
     /// Drops every position; capacity is kept. Discards an open append first.
     fn clear(&mut self) {
-        self.truncate(0);
+        // `truncate(0)` cannot fail (see its contract).
+        let _ = self.truncate(0);
+    }
+
+    /// Whether the store can go back to holding positions `0 .. n` and serve a query at
+    /// `n`: the condition of [`truncate`](KvStore::truncate)`(n)` and of
+    /// [`begin`](KvStore::begin)`(n, ..)` for `n ≤ len`. True for every `n ≤ len` in a
+    /// store that keeps every position (the default); a sliding-window store
+    /// ([`WindowKv`]) answers false once the positions a query at `n` sees are evicted.
+    /// False for `n > len`.
+    fn can_rewind_to(&self, n: usize) -> bool {
+        n <= self.len()
+    }
+
+    /// The sliding window of layer `layer`: `Some(w)` when the layer keeps only the
+    /// last `w` positions (a query at `p` then sees `p − w < k ≤ p`), `None` when it
+    /// keeps every position (the default) or `layer` is out of range.
+    fn window(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// The positions layer `layer` may be given by a restore of `n` positions
+    /// ([`begin_restore`](KvStore::begin_restore)): the allowed first positions,
+    /// `first ..= last` (rows `start .. n` for a `start` in that range). `0 ..= 0` (every
+    /// position) for a layer that keeps them all, the default.
+    fn restore_starts(&self, _layer: usize, _n: usize) -> RangeInclusive<usize> {
+        0..=0
+    }
+
+    /// Opens an append that will replace every position by `0 .. n` (a state file being
+    /// loaded), in which layer `l`'s [`write`](KvStore::write) carries only the rows
+    /// `start .. n` for a `start` in [`restore_starts`](KvStore::restore_starts)`(l, n)`:
+    /// `[n − start, kv_dim]`. The default, for stores that keep every position, is
+    /// [`begin`](KvStore::begin)`(0, n)`. Committed and rolled back like any append; a
+    /// window layer then holds exactly the rows given.
+    ///
+    /// Errors as [`begin`](KvStore::begin).
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        self.begin(0, n)
     }
 
     /// A new store of the same kind holding the same positions, element types, ceiling
@@ -339,11 +413,23 @@ impl KvStore for Box<dyn KvStore> {
     fn rollback(&mut self) {
         (**self).rollback()
     }
-    fn truncate(&mut self, n: usize) {
+    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
         (**self).truncate(n)
     }
     fn clear(&mut self) {
         (**self).clear()
+    }
+    fn can_rewind_to(&self, n: usize) -> bool {
+        (**self).can_rewind_to(n)
+    }
+    fn window(&self, layer: usize) -> Option<usize> {
+        (**self).window(layer)
+    }
+    fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
+        (**self).restore_starts(layer, n)
+    }
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        (**self).begin_restore(n)
     }
     fn fork(&self) -> Result<Self, KvError> {
         (**self).fork_boxed()
