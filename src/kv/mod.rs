@@ -454,6 +454,22 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
         Ok(Append { kv, open: true })
     }
 
+    /// Opens a restore of `n` positions on `kv` ([`KvStore::begin_restore`]).
+    pub fn begin_restore(kv: &'s mut K, n: usize) -> Result<Self, KvError> {
+        kv.begin_restore(n)?;
+        Ok(Append { kv, open: true })
+    }
+
+    /// [`KvStore::window`] of the store.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.kv.window(layer)
+    }
+
+    /// [`KvStore::restore_starts`] of the store.
+    pub fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
+        self.kv.restore_starts(layer, n)
+    }
+
     /// [`KvStore::write`].
     pub fn write(
         &mut self,
