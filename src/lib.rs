@@ -1,7 +1,7 @@
 //! kvcore: the numerics core for transformer inference on the CPU.
 //!
-//! - [`kv`]: the KV cache, [`KvStore`] with the grow-on-demand [`GrowKv`] and the dense
-//!   reference [`DenseKv`].
+//! - [`kv`]: the KV cache, [`KvStore`] with the grow-on-demand [`GrowKv`], the dense
+//!   reference [`DenseKv`] and the sliding-window [`WindowKv`].
 //! - [`backend`]: the compute contract, [`Backend`], implemented by the crates under
 //!   `backends/` (`kvcore-scalar`, `kvcore-simd`, `kvcore-rayon`).
 //!

@@ -17,18 +17,29 @@
 //!   nothing and a commit cannot fail for lack of memory. [`Append`] is the guard that
 //!   rolls back when a pass returns early.
 //! - **Sequence operations**: [`truncate`](KvStore::truncate) (roll back to the first `n`
-//!   positions), [`clear`](KvStore::clear) and [`fork`](KvStore::fork) (a second store
-//!   holding the same positions; a copy).
+//!   positions; a store that evicts may refuse, [`KvError::BehindWindow`], and
+//!   [`can_rewind_to`](KvStore::can_rewind_to) says so beforehand), [`clear`](KvStore::clear)
+//!   and [`fork`](KvStore::fork) (a second store holding the same positions; a copy).
+//! - **Restores** of state files go through [`begin_restore`](KvStore::begin_restore), an
+//!   append of all positions in which a layer is given only the positions it keeps
+//!   ([`restore_starts`](KvStore::restore_starts), [`window`](KvStore::window)).
 //!
 //! ## The stores
 //! - [`DenseKv`] preallocates `max_ctx` positions: the reference.
 //! - [`GrowKv`] starts at `min(64, max_ctx)` positions and doubles on demand, up to the
 //!   hard `max_ctx` ceiling, re-laying out its rows with one memcpy per layer.
 //!
-//! Both keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as the
-//! per-layer stride, share their implementation (`rows.rs`) and differ only in when
-//! capacity is allocated, so their views, and the attention computed from them, are
-//! bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
+//! - [`WindowKv`] gives each layer a window or none: global layers grow as `GrowKv`,
+//!   sliding-window layers keep a ring of their last `w` positions (growing on demand up
+//!   to `w` slots), so a window layer costs at most `w` positions however long the
+//!   sequence. Its views hold the retained positions (one or two ring segments) and the
+//!   pending rows; attention with `Mask::SlidingWindow` over them is bitwise that over a
+//!   dense store. Rewinding behind a window is [`KvError::BehindWindow`].
+//!
+//! The first two keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as
+//! the per-layer stride, share their implementation (`rows.rs`, which `WindowKv` uses for
+//! its global layers) and differ only in when capacity is allocated, so their views, and
+//! the attention computed from them, are bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
 //! every size is computed with checked arithmetic ([`KvError::TooLarge`]) and every buffer
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.

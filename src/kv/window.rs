@@ -61,9 +61,25 @@ use super::{
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
-/// [`GrowKv`](super::GrowKv), window layers keep a ring of their last `w` positions. See
-/// the [module docs](self) for the design, the memory bound and
-/// [`KvError::BehindWindow`].
+/// [`GrowKv`](super::GrowKv), window layers keep a ring of their last `w` positions.
+///
+/// - **Views**: a window layer's view is its retained positions, ascending (one segment,
+///   or two when they wrap around the ring's end), then, once the open append has
+///   written the layer, all `n` pending rows (staged in `begin`, so the early queries of
+///   a prefill longer than the window see their own window).
+/// - **Memory**: outside an append a window layer holds at most `min(w, max_ctx)` slots
+///   (it starts at `min(64, w, max_ctx)` and doubles on demand), a global layer as many
+///   as `GrowKv` would; `bytes()` is `2 · kv_dim · 4 ·` the slots of every layer, plus,
+///   during an append, the staging of `n` rows per window layer and any grown buffers.
+///   Every allocation of an append happens in `begin`, and a rollback restores
+///   `capacity()` and `bytes()` exactly.
+/// - **Rewinding**: after every commit a window layer retains its last `w` committed
+///   positions, so the last position can always be replaced. Going back to `0 < n <
+///   len` (`truncate(n)` or `begin(n, ..)`) needs every position a query at `n` sees,
+///   `n + 1 − w .. n`, in every window layer; when one was evicted the call fails with
+///   [`KvError::BehindWindow`] and changes nothing
+///   ([`can_rewind_to`](KvStore::can_rewind_to) tells beforehand). `0` (a clear) and
+///   `len` are always possible. A [`Session`](crate::Session) then re-prefills from 0.
 ///
 /// For every sequence of calls that does not rewind behind a window, its views hold,
 /// for every position a query can still see, bitwise the rows of a
