@@ -296,7 +296,7 @@ impl WindowKv {
             .rings
             .iter()
             .filter(|r| r.lo > 0)
-            .map(|r| r.lo + r.window - 1)
+            .map(|r| r.lo.saturating_add(r.window - 1))
             .max()
             .unwrap_or(0)
             .min(self.len);
