@@ -1,7 +1,7 @@
 //! kvcore: the numerics core for transformer inference on the CPU.
 //!
-//! - [`kv`]: the KV cache, [`KvStore`] with the grow-on-demand [`GrowKv`] and the dense
-//!   reference [`DenseKv`].
+//! - [`kv`]: the KV cache, [`KvStore`] with the grow-on-demand [`GrowKv`], the dense
+//!   reference [`DenseKv`] and the sliding-window [`WindowKv`].
 //! - [`backend`]: the compute contract, [`Backend`], implemented by the crates under
 //!   `backends/` (`kvcore-scalar`, `kvcore-simd`, `kvcore-rayon`).
 //!
@@ -67,7 +67,7 @@ pub mod session;
 pub mod tokenizer;
 
 pub use backend::{AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights};
-pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView};
+pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView, WindowKv};
 /// The array crate of kvcore's public signatures (attention's operands, the KV views),
 /// re-exported so callers use the same version.
 pub use ndarray;

@@ -315,10 +315,11 @@ fn session_load_seeds() -> Vec<(String, Vec<u8>)> {
     let put = |at: usize, bytes: &[u8]| reseal(patched(good.clone(), at, bytes));
     // Offsets from docs/session-format.md; the first layer starts after 6 ids and 4
     // bytes of blob.
-    let layer0 = 80 + 4 * 6 + 4;
+    let layer0 = 88 + 4 * 6 + 4;
     let edits: Vec<(&str, Vec<u8>)> = vec![
         ("bad_magic", put(0, b"GGUF")),
-        ("version_2", put(8, &[2])),
+        ("version_3", put(8, &[3])),
+        ("version_1", put(8, &[1])),
         ("reserved_flags", put(12, &[1])),
         ("reserved_tail", put(62, &[0, 1])),
         ("geometry_reshaped", put(52, &[2, 0, 0, 0, 2, 0, 0, 0])),
@@ -328,15 +329,18 @@ fn session_load_seeds() -> Vec<(String, Vec<u8>)> {
         ("n_tokens_large", put(64, &[0, 0, 0, 0, 0, 4, 0, 0])),
         ("n_tokens_one_more", put(64, &[7])),
         ("meta_len_huge", put(72, &[0xff; 8])),
-        ("token_out_of_vocab", put(80, &[16])),
+        ("n_rows_huge", put(80, &[0xff; 8])),
+        ("n_rows_one_more", put(80, &[13])),
+        ("token_out_of_vocab", put(88, &[16])),
         ("layer_start_shifted", put(layer0, &[1])),
         ("layer_count_short", put(layer0 + 8, &[5])),
+        ("layer_windowed", put(layer0 + 16, &[4])),
         ("truncated_header", good[..50].to_vec()),
         ("truncated_rows", good[..good.len() - 40].to_vec()),
         ("trailing_byte", [&good[..], &[0]].concat()),
         (
             "row_byte_changed",
-            patched(good.clone(), layer0 + 20, &[0x40]),
+            patched(good.clone(), layer0 + 28, &[0x40]),
         ),
     ];
     seeds.extend(edits.into_iter().map(|(n, b)| (n.to_string(), b)));

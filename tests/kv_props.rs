@@ -1,5 +1,5 @@
-//! Property test: random op sequences on the specification store, `DenseKv` and `GrowKv`
-//! must agree bit for bit after every step (`kvcore_test_support::kv_diff::run` does the
+//! Property tests: random op sequences on the specification store, `DenseKv`, `GrowKv`
+//! and `WindowKv` must agree bit for bit after every step (`kvcore_test_support::kv_diff::run` does the
 //! checking): appends of every length and end (committed, rolled back, failed part-way,
 //! incomplete, refused rows), replacements of the tail, truncation, clear, forks and
 //! refused allocations.
@@ -9,6 +9,12 @@
 //! past it, near `usize::MAX`), appends cross the growth boundaries, values are biased
 //! towards the floats that expose a lossy copy (NaN payloads of both signs, `-0.0`,
 //! infinities, subnormals), and failures shrink to small cases.
+//!
+//! The second test gives layers sliding windows (mostly small, so appends cross them, and
+//! prefills longer than the window are common) and adds truncations relative to the end:
+//! by one position (always possible), into the window and behind it (refused with
+//! `KvError::BehindWindow`); the window store must then agree with the spec's window
+//! rule, and with the dense and growing stores at every position a query can see.
 
 use kvcore_test_support::kv_diff::{self, End, KvOp, Scenario, Start};
 use proptest::prelude::*;
@@ -74,6 +80,51 @@ fn op(max_ctx: usize, kv_dim: usize) -> impl Strategy<Value = KvOp> {
     ]
 }
 
+/// [`op`], plus truncations relative to the end.
+fn windowed_op(max_ctx: usize, kv_dim: usize) -> impl Strategy<Value = KvOp> {
+    let back = prop_oneof![3 => 0u16..=2, 2 => 0u16..=50, 1 => any::<u16>()];
+    prop_oneof![
+        8 => op(max_ctx, kv_dim),
+        2 => (0u8..4, back).prop_map(|(seq, back)| KvOp::TruncateBack { seq, back }),
+    ]
+}
+
+/// Windows: none (a global layer), mostly small ones, sometimes up to the ceiling.
+fn window() -> impl Strategy<Value = Option<usize>> {
+    prop_oneof![
+        2 => Just(None),
+        5 => (1usize..=12).prop_map(Some),
+        2 => (13usize..=kv_diff::MAX_WINDOW).prop_map(Some),
+    ]
+}
+
+fn windowed_scenario() -> impl Strategy<Value = Scenario> {
+    let max_ctx = prop_oneof![1 => 0..=3usize, 4 => 0..=kv_diff::MAX_CTX];
+    (
+        1..=kv_diff::MAX_LAYERS,
+        1..=kv_diff::MAX_KV_HEADS,
+        0..=kv_diff::MAX_HEAD_DIM,
+        max_ctx,
+    )
+        .prop_flat_map(|(n_layers, n_kv_heads, head_dim, max_ctx)| {
+            let initial = prop::option::of(0..=max_ctx + 8);
+            let ops = prop::collection::vec(
+                windowed_op(max_ctx, n_kv_heads * head_dim),
+                0..=kv_diff::MAX_OPS,
+            );
+            let windows = prop::collection::vec(window(), n_layers);
+            (initial, ops, windows).prop_map(move |(initial, ops, windows)| Scenario {
+                n_layers,
+                n_kv_heads,
+                head_dim,
+                max_ctx,
+                initial,
+                ops,
+                windows,
+            })
+        })
+}
+
 fn scenario() -> impl Strategy<Value = Scenario> {
     let max_ctx = prop_oneof![0..=3usize, 0..=kv_diff::MAX_CTX];
     (
@@ -93,6 +144,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 max_ctx,
                 initial,
                 ops,
+                windows: Vec::new(),
             })
         })
 }
@@ -112,6 +164,13 @@ proptest! {
 
     #[test]
     fn stores_match_the_spec_after_every_step(s in scenario()) {
+        if let Err(d) = kv_diff::run(&s) {
+            return Err(TestCaseError::fail(d.to_string()));
+        }
+    }
+
+    #[test]
+    fn windowed_stores_match_the_spec_after_every_step(s in windowed_scenario()) {
         if let Err(d) = kv_diff::run(&s) {
             return Err(TestCaseError::fail(d.to_string()));
         }

@@ -30,7 +30,10 @@ const N_KV_HEADS_AT: usize = 52;
 const HEAD_DIM_AT: usize = 56;
 const N_TOKENS_AT: usize = 64;
 const META_LEN_AT: usize = 72;
-const TOKENS_AT: usize = 80;
+const N_ROWS_AT: usize = 80;
+const TOKENS_AT: usize = 88;
+/// Bytes of a layer's `start, count, window`.
+const LAYER_HEADER: usize = 24;
 
 fn tiny_config(seed: u64) -> TinyLlama {
     TinyLlama {
@@ -127,7 +130,7 @@ fn fixture() -> Fixture {
 /// The offset of layer `layer`'s `start` field in a file of `n` positions of `kv_dim`
 /// f32 elements with the blob [`META`].
 fn layer_at(n: usize, kv_dim: usize, layer: usize) -> usize {
-    TOKENS_AT + 4 * n + META.len() + layer * (16 + 2 * n * kv_dim * 4)
+    TOKENS_AT + 4 * n + META.len() + layer * (LAYER_HEADER + 2 * n * kv_dim * 4)
 }
 
 #[test]
@@ -145,6 +148,11 @@ fn the_file_has_the_documented_layout() {
     assert_eq!((u32_at(48), u32_at(52), u32_at(56)), (2, 1, 8));
     assert_eq!((b[60], b[61]), (0, 0));
     assert_eq!((u64_at(N_TOKENS_AT), u64_at(META_LEN_AT)), (n, META.len()));
+    assert_eq!(
+        u64_at(N_ROWS_AT),
+        g.n_layers * n,
+        "every layer holds every position"
+    );
     for (i, id) in f.saved.tokens().iter().enumerate() {
         assert_eq!(u32_at(TOKENS_AT + 4 * i) as u32, *id);
     }
@@ -152,8 +160,12 @@ fn the_file_has_the_documented_layout() {
     let kv_dim = g.kv_dim();
     for (layer, want) in rows(f.saved.kv()).iter().enumerate() {
         let at = layer_at(n, kv_dim, layer);
-        assert_eq!((u64_at(at), u64_at(at + 8)), (0, n), "layer {layer} span");
-        let stored: Vec<u32> = b[at + 16..at + 16 + 2 * n * kv_dim * 4]
+        assert_eq!(
+            (u64_at(at), u64_at(at + 8), u64_at(at + 16)),
+            (0, n, 0),
+            "layer {layer} span and window"
+        );
+        let stored: Vec<u32> = b[at + LAYER_HEADER..at + LAYER_HEADER + 2 * n * kv_dim * 4]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
             .collect();
@@ -263,7 +275,12 @@ fn every_malformed_file_gives_its_own_error_and_changes_nothing() {
         good.len() - 1,
     ] {
         let err = fails(model, t, &good[..cut]);
-        let declared_ok = if cut < TOKENS_AT { 112 } else { len };
+        // Before the version is read the shortest header is assumed (version 1's).
+        let declared_ok = match cut {
+            0..12 => 112,
+            12..TOKENS_AT => 120,
+            _ => len,
+        };
         assert!(
             matches!(err, SessionError::Truncated { declared, actual } if declared == declared_ok && actual == cut as u64),
             "cut at {cut}: {err}"
@@ -320,7 +337,9 @@ fn every_malformed_file_gives_its_own_error_and_changes_nothing() {
             layer: 1,
             start: 1,
             count: 7,
-            n_tokens: 7
+            n_tokens: 7,
+            first: 0,
+            last: 0,
         }
     ));
     // A shorter layer and a longer one: same file length, wrong span.
@@ -331,7 +350,7 @@ fn every_malformed_file_gives_its_own_error_and_changes_nothing() {
     ));
 
     let mut flipped = good.clone();
-    let row = at + 16 + 5;
+    let row = at + LAYER_HEADER + 5;
     flipped[row] ^= 0x10;
     assert!(matches!(
         fails(model, t, &flipped),
@@ -428,6 +447,7 @@ fn a_flipped_bit_anywhere_is_caught() {
                     SessionError::ChecksumMismatch { .. }
                         | SessionError::TokenOutOfVocab { .. }
                         | SessionError::LayerPositions { .. }
+                        | SessionError::WindowMismatch { .. }
                 ),
                 "byte {at}: {err}"
             );
@@ -540,7 +560,7 @@ fn an_empty_session_round_trips() {
     let empty = session_with(&model, &[]);
     let bytes = to_bytes(&empty, &model, b"");
     let n_layers = model.kv_geometry().n_layers;
-    assert_eq!(bytes.len(), 80 + n_layers * 16 + 32);
+    assert_eq!(bytes.len(), 88 + n_layers * 24 + 32);
     let mut t = session_with(&model, &[1, 2, 3]);
     t.restore_from(&model, &bytes[..], bytes.len() as u64, |_| Ok(()))
         .unwrap();
@@ -722,10 +742,10 @@ fn smollm2_session_survives_a_file() {
         .unwrap();
     let n = never.len() as u64;
     let g = model.kv_geometry();
-    let want_len = 80
+    let want_len = 88
         + 4 * n
         + text.len() as u64
-        + g.n_layers as u64 * (16 + n * 2 * g.kv_dim() as u64 * 4)
+        + g.n_layers as u64 * (24 + n * 2 * g.kv_dim() as u64 * 4)
         + 32;
     assert_eq!(std::fs::metadata(&path).unwrap().len(), want_len);
 

@@ -209,7 +209,7 @@ fn forks_and_truncation_continue_independently() {
     let want = model.forward(&mut fresh, &[2], Logits::Last).unwrap();
     assert_eq!(bits(&b), bits(want.row(0).as_slice().unwrap()));
     // Truncate the session back into the shared prefix and take the fork's token.
-    session.truncate(30);
+    session.truncate(30).unwrap();
     assert_eq!(session.tokens(), base);
     let c = session.decode(&model, 2).unwrap();
     assert_eq!(bits(&c), bits(&b));

@@ -301,13 +301,13 @@ mod tests {
     fn sequence_ops_keep_capacity_and_discard_an_open_append() {
         let mut kv = GrowKv::new(geometry(2, 4), 1000).unwrap();
         append(&mut kv, 0, 130).unwrap();
-        kv.truncate(500);
+        kv.truncate(500).unwrap();
         assert_eq!(kv.len(), 130, "truncating past the end keeps everything");
-        kv.truncate(3);
+        kv.truncate(3).unwrap();
         assert_eq!((kv.len(), kv.capacity()), (3, 256));
         check_rows(&kv);
         kv.begin(3, 1).unwrap();
-        kv.truncate(2);
+        kv.truncate(2).unwrap();
         assert_eq!(kv.len(), 2);
         assert_eq!(kv.commit(), Err(KvError::NoAppend));
         let fork = kv.fork().unwrap();

@@ -17,18 +17,29 @@
 //!   nothing and a commit cannot fail for lack of memory. [`Append`] is the guard that
 //!   rolls back when a pass returns early.
 //! - **Sequence operations**: [`truncate`](KvStore::truncate) (roll back to the first `n`
-//!   positions), [`clear`](KvStore::clear) and [`fork`](KvStore::fork) (a second store
-//!   holding the same positions; a copy).
+//!   positions; a store that evicts may refuse, [`KvError::BehindWindow`], and
+//!   [`can_rewind_to`](KvStore::can_rewind_to) says so beforehand), [`clear`](KvStore::clear)
+//!   and [`fork`](KvStore::fork) (a second store holding the same positions; a copy).
+//! - **Restores** of state files go through [`begin_restore`](KvStore::begin_restore), an
+//!   append of all positions in which a layer is given only the positions it keeps
+//!   ([`restore_starts`](KvStore::restore_starts), [`window`](KvStore::window)).
 //!
 //! ## The stores
 //! - [`DenseKv`] preallocates `max_ctx` positions: the reference.
 //! - [`GrowKv`] starts at `min(64, max_ctx)` positions and doubles on demand, up to the
 //!   hard `max_ctx` ceiling, re-laying out its rows with one memcpy per layer.
 //!
-//! Both keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as the
-//! per-layer stride, share their implementation (`rows.rs`) and differ only in when
-//! capacity is allocated, so their views, and the attention computed from them, are
-//! bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
+//! - [`WindowKv`] gives each layer a window or none: global layers grow as `GrowKv`,
+//!   sliding-window layers keep a ring of their last `w` positions (growing on demand up
+//!   to `w` slots), so a window layer costs at most `w` positions however long the
+//!   sequence. Its views hold the retained positions (one or two ring segments) and the
+//!   pending rows; attention with `Mask::SlidingWindow` over them is bitwise that over a
+//!   dense store. Rewinding behind a window is [`KvError::BehindWindow`].
+//!
+//! The first two keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as
+//! the per-layer stride, share their implementation (`rows.rs`, which `WindowKv` uses for
+//! its global layers) and differ only in when capacity is allocated, so their views, and
+//! the attention computed from them, are bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
 //! every size is computed with checked arithmetic ([`KvError::TooLarge`]) and every buffer
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.
@@ -37,12 +48,15 @@ mod dense;
 mod grow;
 mod rows;
 mod view;
+mod window;
 
 pub use dense::DenseKv;
 pub use grow::GrowKv;
 pub use view::{F32Segment, KvRows, KvSegment, KvView};
+pub use window::WindowKv;
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use ndarray::ArrayView2;
@@ -189,6 +203,34 @@ pub enum KvError {
         /// The first position after the previous segment.
         after: usize,
     },
+    /// A rewind ([`KvStore::truncate`], or [`KvStore::begin`] at `pos < len`) to a
+    /// position whose queries would see positions a sliding-window layer has already
+    /// evicted: a ring cannot bring them back. Every position from `earliest` on (and 0,
+    /// a clear) is still possible; a session re-prefills from 0 instead.
+    #[error(
+        "cannot rewind to position {pos}: a sliding-window layer no longer holds the positions a query there sees (the earliest position to rewind to, besides 0, is {earliest})"
+    )]
+    BehindWindow {
+        /// The position asked for.
+        pos: usize,
+        /// The earliest position `> 0` the store can rewind to.
+        earliest: usize,
+    },
+    /// [`WindowKv::new`] with a window list whose length is not the number of layers.
+    #[error("{found} layer windows given for a KV store of {n_layers} layers")]
+    WindowCount {
+        /// Entries given.
+        found: usize,
+        /// The store's layers.
+        n_layers: usize,
+    },
+    /// [`WindowKv::new`] with a window of 0 positions (a layer whose queries would see
+    /// nothing, not even themselves).
+    #[error("layer {layer} has a sliding window of 0 positions (the smallest is 1)")]
+    ZeroWindow {
+        /// The layer.
+        layer: usize,
+    },
     /// A segment whose positions run past `usize::MAX`.
     #[error("a segment of {len} slots at position {start} overflows")]
     PositionOverflow {
@@ -281,11 +323,54 @@ pub trait KvStore: Send {
 
     /// Keeps positions `0 .. min(n, len)` and drops the rest; capacity is kept. Discards
     /// an open append first.
-    fn truncate(&mut self, n: usize);
+    ///
+    /// Errors with [`KvError::BehindWindow`], changing nothing (an open append stays
+    /// open), when `0 < n < len` and the store can no longer hold what a query at `n`
+    /// sees ([`can_rewind_to`](KvStore::can_rewind_to) is false). `truncate(0)` and
+    /// `truncate(n ≥ len)` always succeed.
+    fn truncate(&mut self, n: usize) -> Result<(), KvError>;
 
     /// Drops every position; capacity is kept. Discards an open append first.
     fn clear(&mut self) {
-        self.truncate(0);
+        // `truncate(0)` cannot fail (see its contract).
+        let _ = self.truncate(0);
+    }
+
+    /// Whether the store can go back to holding positions `0 .. n` and serve a query at
+    /// `n`: the condition of [`truncate`](KvStore::truncate)`(n)` and of
+    /// [`begin`](KvStore::begin)`(n, ..)` for `n ≤ len`. True for every `n ≤ len` in a
+    /// store that keeps every position (the default); a sliding-window store
+    /// ([`WindowKv`]) answers false once the positions a query at `n` sees are evicted.
+    /// False for `n > len`.
+    fn can_rewind_to(&self, n: usize) -> bool {
+        n <= self.len()
+    }
+
+    /// The sliding window of layer `layer`: `Some(w)` when the layer keeps only the
+    /// last `w` positions (a query at `p` then sees `p − w < k ≤ p`), `None` when it
+    /// keeps every position (the default) or `layer` is out of range.
+    fn window(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// The positions layer `layer` may be given by a restore of `n` positions
+    /// ([`begin_restore`](KvStore::begin_restore)): the allowed first positions,
+    /// `first ..= last` (rows `start .. n` for a `start` in that range). `0 ..= 0` (every
+    /// position) for a layer that keeps them all, the default.
+    fn restore_starts(&self, _layer: usize, _n: usize) -> RangeInclusive<usize> {
+        0..=0
+    }
+
+    /// Opens an append that will replace every position by `0 .. n` (a state file being
+    /// loaded), in which layer `l`'s [`write`](KvStore::write) carries only the rows
+    /// `start .. n` for a `start` in [`restore_starts`](KvStore::restore_starts)`(l, n)`:
+    /// `[n − start, kv_dim]`. The default, for stores that keep every position, is
+    /// [`begin`](KvStore::begin)`(0, n)`. Committed and rolled back like any append; a
+    /// window layer then holds exactly the rows given.
+    ///
+    /// Errors as [`begin`](KvStore::begin).
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        self.begin(0, n)
     }
 
     /// A new store of the same kind holding the same positions, element types, ceiling
@@ -339,11 +424,23 @@ impl KvStore for Box<dyn KvStore> {
     fn rollback(&mut self) {
         (**self).rollback()
     }
-    fn truncate(&mut self, n: usize) {
+    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
         (**self).truncate(n)
     }
     fn clear(&mut self) {
         (**self).clear()
+    }
+    fn can_rewind_to(&self, n: usize) -> bool {
+        (**self).can_rewind_to(n)
+    }
+    fn window(&self, layer: usize) -> Option<usize> {
+        (**self).window(layer)
+    }
+    fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
+        (**self).restore_starts(layer, n)
+    }
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        (**self).begin_restore(n)
     }
     fn fork(&self) -> Result<Self, KvError> {
         (**self).fork_boxed()
@@ -366,6 +463,22 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
     pub fn begin(kv: &'s mut K, at: usize, n: usize) -> Result<Self, KvError> {
         kv.begin(at, n)?;
         Ok(Append { kv, open: true })
+    }
+
+    /// Opens a restore of `n` positions on `kv` ([`KvStore::begin_restore`]).
+    pub fn begin_restore(kv: &'s mut K, n: usize) -> Result<Self, KvError> {
+        kv.begin_restore(n)?;
+        Ok(Append { kv, open: true })
+    }
+
+    /// [`KvStore::window`] of the store.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.kv.window(layer)
+    }
+
+    /// [`KvStore::restore_starts`] of the store.
+    pub fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
+        self.kv.restore_starts(layer, n)
     }
 
     /// [`KvStore::write`].

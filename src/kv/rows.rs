@@ -124,15 +124,7 @@ impl Rows {
     /// A zero-filled buffer of exactly `len` floats, through the gate and a fallible
     /// reservation: a refusal is [`KvError::AllocFailed`], never an abort.
     fn zeroed(&self, len: usize) -> Result<Vec<f32>, KvError> {
-        let bytes = len.saturating_mul(mem::size_of::<f32>());
-        let refused = KvError::AllocFailed { bytes };
-        if len > 0 && self.gate.as_ref().is_some_and(|g| !g.admit(bytes)) {
-            return Err(refused);
-        }
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(len).map_err(|_| refused)?;
-        buf.resize(len, 0.0);
-        Ok(buf)
+        zeroed(&self.gate, len)
     }
 
     fn check_layer(&self, layer: usize) -> Result<(), KvError> {
@@ -303,6 +295,10 @@ impl Rows {
         self.len = self.len.min(n);
     }
 
+    pub(super) fn is_open(&self) -> bool {
+        self.pending.is_some()
+    }
+
     pub(super) fn fork(&self) -> Result<Self, KvError> {
         if self.pending.is_some() {
             return Err(KvError::AppendOpen);
@@ -325,12 +321,27 @@ impl Rows {
     }
 }
 
+/// A zero-filled buffer of exactly `len` floats, through `gate` (consulted only when
+/// `len > 0`) and a fallible reservation: a refusal is [`KvError::AllocFailed`], never an
+/// abort.
+pub(super) fn zeroed(gate: &Gate, len: usize) -> Result<Vec<f32>, KvError> {
+    let bytes = len.saturating_mul(mem::size_of::<f32>());
+    let refused = KvError::AllocFailed { bytes };
+    if len > 0 && gate.as_ref().is_some_and(|g| !g.admit(bytes)) {
+        return Err(refused);
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len).map_err(|_| refused)?;
+    buf.resize(len, 0.0);
+    Ok(buf)
+}
+
 /// `kv_dim`, or [`KvError::TooLarge`] when `max_ctx` exceeds `isize::MAX` (the longest
 /// axis an array view may have), or a row, one layer at `max_ctx` positions (which
 /// matters when `n_layers` is 0) or the two buffers together at `max_ctx` would exceed
 /// `isize::MAX` bytes. Checking the full size once makes every offset and buffer length
 /// at a capacity `≤ max_ctx` overflow-free, whichever factor is 0.
-fn checked_size(g: &KvGeometry, max_ctx: usize) -> Result<usize, KvError> {
+pub(super) fn checked_size(g: &KvGeometry, max_ctx: usize) -> Result<usize, KvError> {
     let fits = |floats: usize| {
         floats
             .checked_mul(2 * mem::size_of::<f32>())
@@ -358,7 +369,7 @@ fn checked_size(g: &KvGeometry, max_ctx: usize) -> Result<usize, KvError> {
 }
 
 /// Copies `rows: [n, kv_dim]` (any strides) into `buf`, `n · kv_dim` floats row-major.
-fn assign_rows(buf: &mut [f32], kv_dim: usize, rows: ArrayView2<'_, f32>) {
+pub(super) fn assign_rows(buf: &mut [f32], kv_dim: usize, rows: ArrayView2<'_, f32>) {
     ArrayViewMut2::from_shape((rows.nrows(), kv_dim), buf)
         .expect("the span holds n · kv_dim floats")
         .assign(&rows);
@@ -366,7 +377,7 @@ fn assign_rows(buf: &mut [f32], kv_dim: usize, rows: ArrayView2<'_, f32>) {
 
 /// The growth rule: `cap` (or 1 when `cap == 0`) doubled until it covers `needed`,
 /// clamped to `max_ctx`. Saturating, so `max_ctx` near `usize::MAX` cannot overflow.
-fn grown_capacity(cap: usize, needed: usize, max_ctx: usize) -> usize {
+pub(super) fn grown_capacity(cap: usize, needed: usize, max_ctx: usize) -> usize {
     let mut grown = cap.max(1);
     while grown < needed {
         grown = grown.saturating_mul(2);
@@ -428,8 +439,9 @@ macro_rules! forward_store {
             fn rollback(&mut self) {
                 self.0.rollback()
             }
-            fn truncate(&mut self, n: usize) {
-                self.0.truncate(n)
+            fn truncate(&mut self, n: usize) -> Result<(), $crate::kv::KvError> {
+                self.0.truncate(n);
+                Ok(())
             }
             fn fork(&self) -> Result<Self, $crate::kv::KvError> {
                 Ok(Self(self.0.fork()?))

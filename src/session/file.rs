@@ -1,25 +1,32 @@
 //! Session files: a [`Session`]'s token ids and KV rows on disk, so a conversation
 //! survives the process (llama.cpp's `--prompt-cache`).
 //!
-//! ## The format (version 1)
+//! ## The format (version 2)
 //! Little-endian throughout; `docs/session-format.md` gives every offset.
 //!
 //! ```text
-//! header  [80]   magic "KVCSESS\0", version u32 = 1, reserved u32 = 0,
+//! header  [88]   magic "KVCSESS\0", version u32 = 2, reserved u32 = 0,
 //!                model fingerprint [32] (SHA-256 of the model file),
 //!                n_layers, n_kv_heads, head_dim: u32 each,
 //!                K type code u8, V type code u8 (KvType::code), reserved u16 = 0,
-//!                n_tokens u64, meta_len u64
+//!                n_tokens u64, meta_len u64, n_rows u64 (rows over all layers)
 //! tokens  [n_tokens] u32
 //! meta    [meta_len] bytes            (opaque to kvcore: the application's blob)
-//! layers  [n_layers] of: start u64, count u64,
+//! layers  [n_layers] of: start u64, count u64, window u64 (0: every position),
 //!                        K rows [count, kv_dim], V rows [count, kv_dim]  (f32 today)
 //! sha256  [32]   over every byte before it
 //! ```
 //!
-//! A layer records the positions it holds (`start .. start + count`) so that a store
-//! whose layers keep only a window of recent positions can use the same format; this
-//! version writes and accepts only `start = 0, count = n_tokens`.
+//! A layer records the positions it holds, `start .. n_tokens`, and its sliding window:
+//! a layer that keeps every position has `window = 0, start = 0`; a window layer of `w`
+//! ([`WindowKv`](crate::kv::WindowKv)) only its retained positions, the last `min(n, w)`
+//! (or `w − 1` after its last position was truncated), the starts
+//! [`KvStore::restore_starts`] allows. The windows must be the target store's
+//! ([`SessionError::WindowMismatch`]), so a windowed file never loads into a dense store
+//! or one of other windows, nor the other way round. `n_rows` makes the exact length
+//! follow from the header. Version 1 (an 80-byte header without `n_rows`, layers without
+//! `window`, every layer `0 .. n_tokens`) is still read, as a file of a store without
+//! windows; this build writes version 2 only.
 //!
 //! ## Writing
 //! [`Session::save`] streams the header, ids, blob and every layer's rows (taken from the
@@ -35,9 +42,11 @@
 //!    before anything sized by a count is allocated;
 //! 3. the model fingerprint, the geometry and the element types against the model and
 //!    the target store;
-//! 4. then one append for all positions on the store ([`Append`]), and as the bytes
-//!    arrive: every id against the vocabulary, every layer's span, the rows written one
-//!    layer at a time; the checksum at the end; the application's check of its blob.
+//! 4. then one restore append for all positions on the store
+//!    ([`Append::begin_restore`]: a window layer stages only its retained rows, never a
+//!    whole prefill), and as the bytes arrive: every id against the vocabulary, every
+//!    layer's window and span, the rows written one layer at a time, the rows' total
+//!    against `n_rows`; the checksum at the end; the application's check of its blob.
 //!
 //! Only then is the append committed and the session's ids replaced. Any failure drops
 //! the append, which rolls the store back: the session is exactly as it was. (A flipped
@@ -61,17 +70,25 @@ use crate::model::Llama;
 /// The first 8 bytes of every session file.
 pub const MAGIC: [u8; 8] = *b"KVCSESS\0";
 
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes (and reads).
+pub const VERSION: u32 = 2;
 
-/// Bytes of the fixed header.
-const HEADER_LEN: u64 = 80;
+/// The oldest version this build reads: version 1, whose layers hold every position
+/// (files of full stores, loadable only into stores without windows).
+pub const OLDEST_VERSION: u32 = 1;
+
+/// Bytes of the fixed header (version 1: 80, without `n_rows`).
+const HEADER_LEN: u64 = 88;
+/// Bytes of the version-1 header.
+const HEADER_LEN_V1: u64 = 80;
 /// Bytes of the trailing SHA-256.
 const CHECKSUM_LEN: u64 = 32;
-/// Bytes of a layer's `start, count` before its rows.
-const LAYER_HEADER_LEN: u64 = 16;
-/// The shortest possible file: a header and the checksum.
-const MIN_LEN: u64 = HEADER_LEN + CHECKSUM_LEN;
+/// Bytes of a layer's `start, count, window` before its rows (version 1: 16, no window).
+const LAYER_HEADER_LEN: u64 = 24;
+/// Bytes of a version-1 layer's `start, count`.
+const LAYER_HEADER_LEN_V1: u64 = 16;
+/// The shortest possible file: a (version-1) header and the checksum.
+const MIN_LEN: u64 = HEADER_LEN_V1 + CHECKSUM_LEN;
 
 /// Why a session could not be saved or restored. A restore that fails leaves the session
 /// exactly as it was.
@@ -193,10 +210,12 @@ pub enum SessionError {
         /// Tokens in the vocabulary.
         vocab_size: usize,
     },
-    /// A layer whose positions are not `0 .. n_tokens`, the only span this version reads
-    /// and writes.
+    /// A layer whose positions are not the ones the store's layer keeps for `n_tokens`
+    /// positions: `start .. n_tokens` for a `start` in `first ..= last` (`0 ..= 0` for a
+    /// layer that keeps every position; for a sliding window of `w`, the last `w` or
+    /// `w − 1` positions, [`KvStore::restore_starts`]).
     #[error(
-        "session layer {layer} holds positions {start}..{start}+{count}, expected 0..{n_tokens}"
+        "session layer {layer} holds positions {start}..{start}+{count}, expected start..{n_tokens} with start in {first}..={last}"
     )]
     LayerPositions {
         /// The layer.
@@ -207,6 +226,36 @@ pub enum SessionError {
         count: u64,
         /// The session's positions.
         n_tokens: u64,
+        /// The earliest start the store accepts.
+        first: u64,
+        /// The latest start the store accepts.
+        last: u64,
+    },
+    /// A layer saved with another sliding window than the target store's layer has (a
+    /// windowed file into a dense store, a dense file into a windowed one, or other
+    /// windows). `None` is a layer that keeps every position.
+    #[error(
+        "session layer {layer} was saved with sliding window {}, the store's layer has {}",
+        window_name(file),
+        window_name(&store.map(|w| w as u64))
+    )]
+    WindowMismatch {
+        /// The layer.
+        layer: usize,
+        /// The file's window (`None`: every position).
+        file: Option<u64>,
+        /// The store's window.
+        store: Option<usize>,
+    },
+    /// The layers hold another number of rows than the header's `n_rows` declares.
+    #[error(
+        "session file header declares {declared} rows over its layers, the layers hold {found}"
+    )]
+    RowCount {
+        /// The header's `n_rows`.
+        declared: u64,
+        /// The rows the layers declare (up to the first layer past `declared`).
+        found: u64,
     },
     /// The application's check of the stored blob refused it.
     #[error("session file metadata rejected: {reason}")]
@@ -227,6 +276,11 @@ fn path_suffix(path: &Option<PathBuf>) -> String {
         .unwrap_or_default()
 }
 
+/// `"none"` or the window.
+fn window_name(w: &Option<u64>) -> String {
+    w.map_or_else(|| "none (every position)".to_string(), |w| w.to_string())
+}
+
 /// Lower-case hex.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -235,12 +289,16 @@ fn hex(bytes: &[u8]) -> String {
 /// The decoded fixed header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Header {
+    /// [`VERSION`] or 1.
+    version: u32,
     fingerprint: [u8; 32],
     /// `[n_layers, n_kv_heads, head_dim]` as stored.
     geometry: [u32; 3],
     types: (KvType, KvType),
     n_tokens: u64,
     meta_len: u64,
+    /// Rows over all layers (version 1: `n_layers · n_tokens`).
+    n_rows: u64,
 }
 
 /// Sizes derived from a header, every one checked.
@@ -249,6 +307,9 @@ struct Layout {
     geometry: KvGeometry,
     n_tokens: usize,
     meta_len: usize,
+    n_rows: u64,
+    /// Whether layers record their window (version 2).
+    windows: bool,
     /// The exact file length.
     file_len: u64,
 }
@@ -256,6 +317,7 @@ struct Layout {
 impl Header {
     fn encode(&self) -> [u8; HEADER_LEN as usize] {
         let mut h = [0u8; HEADER_LEN as usize];
+        h[80..88].copy_from_slice(&self.n_rows.to_le_bytes());
         h[0..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
         // 12..16 reserved, zero.
@@ -274,7 +336,7 @@ impl Header {
     /// Reads and checks the header of a file of `len` bytes (everything but the model).
     fn read<R: Read>(src: &mut Source<R>, len: u64) -> Result<(Header, Layout), SessionError> {
         let mut h = [0u8; HEADER_LEN as usize];
-        let have = usize::try_from(len.min(HEADER_LEN)).unwrap_or(0);
+        let mut have = usize::try_from(len.min(HEADER_LEN_V1)).unwrap_or(0);
         src.read(&mut h[..have])?;
         let magic = have.min(MAGIC.len());
         if h[..magic] != MAGIC[..magic] {
@@ -288,14 +350,27 @@ impl Header {
             return Err(truncated);
         }
         let version = u32_at(&h, 8);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(SessionError::UnsupportedVersion {
                 found: version,
                 supported: VERSION,
             });
         }
-        if have < HEADER_LEN as usize {
-            return Err(truncated);
+        let header_len = if version == 1 {
+            HEADER_LEN_V1
+        } else {
+            HEADER_LEN
+        };
+        if version > 1 && have == HEADER_LEN_V1 as usize {
+            let more = usize::try_from(len.min(HEADER_LEN)).unwrap_or(0);
+            src.read(&mut h[have..more])?;
+            have = more;
+        }
+        if have < header_len as usize {
+            return Err(SessionError::Truncated {
+                declared: header_len + CHECKSUM_LEN,
+                actual: len,
+            });
         }
         for (offset, value) in [(12, u32_at(&h, 12)), (62, u32::from(u16_at(&h, 62)))] {
             if value != 0 {
@@ -306,6 +381,7 @@ impl Header {
             KvType::from_code(code).ok_or(SessionError::UnknownKvType { which, code })
         };
         let header = Header {
+            version,
             fingerprint: {
                 let mut fp = [0u8; 32];
                 fp.copy_from_slice(&h[16..48]);
@@ -315,6 +391,13 @@ impl Header {
             types: (kv_type("K", h[60])?, kv_type("V", h[61])?),
             n_tokens: u64_at(&h, 64),
             meta_len: u64_at(&h, 72),
+            n_rows: if version == 1 {
+                u64::from(u32_at(&h, 48))
+                    .checked_mul(u64_at(&h, 64))
+                    .ok_or(SessionError::CountOverflow { field: "n_tokens" })?
+            } else {
+                u64_at(&h, 80)
+            },
         };
         let layout = header.layout()?;
         src.declared = layout.file_len;
@@ -351,16 +434,21 @@ impl Header {
             .zip(row_bytes(self.types.1))
             .and_then(|(k, v)| k.checked_add(v))
             .ok_or(overflow("row size"))?;
+        let v1 = self.version == 1;
+        let (header_len, layer_header) = if v1 {
+            (HEADER_LEN_V1, LAYER_HEADER_LEN_V1)
+        } else {
+            (HEADER_LEN, LAYER_HEADER_LEN)
+        };
         let layer_bytes = self
-            .n_tokens
+            .n_rows
             .checked_mul(position_bytes)
-            .and_then(|rows| rows.checked_add(LAYER_HEADER_LEN))
-            .and_then(|layer| layer.checked_mul(u64::from(n_layers)))
-            .ok_or(overflow("n_tokens"))?;
+            .and_then(|rows| rows.checked_add(layer_header * u64::from(n_layers)))
+            .ok_or(overflow(if v1 { "n_tokens" } else { "n_rows" }))?;
         let file_len = self
             .n_tokens
             .checked_mul(4)
-            .and_then(|tokens| tokens.checked_add(MIN_LEN))
+            .and_then(|tokens| tokens.checked_add(header_len + CHECKSUM_LEN))
             .ok_or(overflow("n_tokens"))?
             .checked_add(self.meta_len)
             .ok_or(overflow("meta_len"))?
@@ -377,6 +465,8 @@ impl Header {
             geometry,
             n_tokens: fits(self.n_tokens).ok_or(overflow("n_tokens"))?,
             meta_len: fits(self.meta_len).ok_or(overflow("meta_len"))?,
+            n_rows: self.n_rows,
+            windows: !v1,
             file_len,
         })
     }
@@ -537,26 +627,33 @@ impl<W: Write> Sink<W> {
     }
 }
 
-/// Checks that a layer's view holds exactly positions `0 .. n_tokens` in consecutive
-/// segments.
-fn check_span(
+/// The positions `start .. n_tokens` layer `layer`'s view holds, checked: consecutive
+/// segments ending at `n_tokens` from a start the store would accept back
+/// ([`KvStore::restore_starts`]). Returns `(start, count)`.
+fn span<K: KvStore + ?Sized>(
+    kv: &K,
     layer: usize,
     segments: &[KvSegment<'_>],
     n_tokens: usize,
-) -> Result<(), SessionError> {
-    let start = segments.first().map_or(0, |s| s.start());
+) -> Result<(usize, usize), SessionError> {
+    let starts = kv.restore_starts(layer, n_tokens);
     let count: usize = segments.iter().map(|s| s.len()).sum();
+    let start = segments
+        .first()
+        .map_or(n_tokens - count.min(n_tokens), |s| s.start());
     let consecutive = segments
         .windows(2)
         .all(|w| w[0].start() + w[0].len() == w[1].start());
-    if start == 0 && count == n_tokens && consecutive {
-        Ok(())
+    if start + count == n_tokens && starts.contains(&start) && consecutive {
+        Ok((start, count))
     } else {
         Err(SessionError::LayerPositions {
             layer,
             start: start as u64,
             count: count as u64,
             n_tokens: n_tokens as u64,
+            first: *starts.start() as u64,
+            last: *starts.end() as u64,
         })
     }
 }
@@ -629,8 +726,8 @@ impl<K: KvStore> Session<K> {
     ///
     /// Errors: [`SessionError::Io`] (no path), [`SessionError::GeometryMismatch`] when
     /// the store is not the model's, [`SessionError::LayerPositions`] when a layer of
-    /// the store does not hold exactly the session's positions (a store this version of
-    /// the format cannot describe).
+    /// the store does not hold the positions it would accept back for the session's
+    /// length (a store the format cannot describe).
     pub fn write_to<B: Backend, W: Write>(
         &self,
         model: &Llama<B>,
@@ -647,7 +744,15 @@ impl<K: KvStore> Session<K> {
         let dim = |v: usize| {
             u32::try_from(v).map_err(|_| SessionError::CountOverflow { field: "row size" })
         };
+        let n = self.tokens.len();
+        let mut spans = Vec::with_capacity(geometry.n_layers);
+        for layer in 0..geometry.n_layers {
+            let view = self.kv.view(layer)?;
+            spans.push(span(&self.kv, layer, view.segments(), n)?);
+        }
         let header = Header {
+            version: VERSION,
+            n_rows: spans.iter().map(|&(_, count)| count as u64).sum(),
             fingerprint: *model.fingerprint(),
             geometry: [
                 dim(geometry.n_layers)?,
@@ -667,12 +772,12 @@ impl<K: KvStore> Session<K> {
             .for_each(|id| ids.extend_from_slice(&id.to_le_bytes()));
         sink.write(&ids).map_err(io)?;
         sink.write(meta).map_err(io)?;
-        let n = self.tokens.len();
-        for layer in 0..geometry.n_layers {
+        for (layer, (start, count)) in spans.into_iter().enumerate() {
             let view = self.kv.view(layer)?;
-            check_span(layer, view.segments(), n)?;
-            sink.write(&0u64.to_le_bytes()).map_err(io)?;
-            sink.write(&(n as u64).to_le_bytes()).map_err(io)?;
+            let window = self.kv.window(layer).map_or(0, |w| w as u64);
+            sink.write(&(start as u64).to_le_bytes()).map_err(io)?;
+            sink.write(&(count as u64).to_le_bytes()).map_err(io)?;
+            sink.write(&window.to_le_bytes()).map_err(io)?;
             for keys in [true, false] {
                 for s in view.segments() {
                     match if keys { s.keys() } else { s.values() } {
@@ -763,7 +868,7 @@ impl<K: KvStore> Session<K> {
             });
         }
         let n = layout.n_tokens;
-        let mut tx = Append::begin(&mut self.kv, 0, n)?;
+        let mut tx = Append::begin_restore(&mut self.kv, n)?;
 
         let mut tokens = vec![0u32; n];
         src.u32s(&mut tokens)?;
@@ -782,36 +887,59 @@ impl<K: KvStore> Session<K> {
         let mut meta = vec![0u8; layout.meta_len];
         src.read(&mut meta)?;
 
-        // With a layer, each buffer's n · kv_dim · 4 bytes are part of the file's length,
-        // which fits in isize; with none, nothing is read into them.
+        // A layer's count is checked against the rows left of `n_rows` before its buffers
+        // are sized, and those rows' bytes are part of the file's length, which fits in
+        // isize; with no layer, nothing is read into them.
         let kv_dim = expected.kv_dim();
-        let rows = if expected.n_layers == 0 {
-            0
-        } else {
-            n * kv_dim
-        };
-        let mut k = vec![0f32; rows]; // [n, kv_dim]
-        let mut v = vec![0f32; rows]; // [n, kv_dim]
+        let (mut k, mut v) = (Vec::new(), Vec::new()); // [count, kv_dim]
+        let mut found = 0u64;
         for layer in 0..expected.n_layers {
             let (start, count) = (src.u64()?, src.u64()?);
-            if start != 0 || count != n as u64 {
+            let window = if layout.windows { src.u64()? } else { 0 };
+            let file = (window != 0).then_some(window);
+            let store = tx.window(layer);
+            if file != store.map(|w| w as u64) {
+                return Err(SessionError::WindowMismatch { layer, file, store });
+            }
+            let starts = tx.restore_starts(layer, n);
+            let (first, last) = (*starts.start() as u64, *starts.end() as u64);
+            if start.checked_add(count) != Some(n as u64) || start < first || start > last {
                 return Err(SessionError::LayerPositions {
                     layer,
                     start,
                     count,
                     n_tokens: n as u64,
+                    first,
+                    last,
                 });
             }
+            found += count;
+            if found > layout.n_rows {
+                return Err(SessionError::RowCount {
+                    declared: layout.n_rows,
+                    found,
+                });
+            }
+            // count ≤ n_tokens here, so count · kv_dim fits (see above).
+            let rows = count as usize * kv_dim;
+            k.resize(rows, 0f32);
+            v.resize(rows, 0f32);
             src.f32s(&mut k)?;
             src.f32s(&mut v)?;
-            let shape = (n, kv_dim);
+            let shape = (count as usize, kv_dim);
             match (
                 ArrayView2::from_shape(shape, &k),
                 ArrayView2::from_shape(shape, &v),
             ) {
                 (Ok(k), Ok(v)) => tx.write(layer, k, v)?,
-                _ => unreachable!("the buffers hold n · kv_dim floats"),
+                _ => unreachable!("the buffers hold count · kv_dim floats"),
             }
+        }
+        if found != layout.n_rows {
+            return Err(SessionError::RowCount {
+                declared: layout.n_rows,
+                found,
+            });
         }
         src.finish()?;
         let accepted = accept(&meta).map_err(|reason| SessionError::MetaRejected { reason })?;

@@ -102,7 +102,11 @@ impl<K: KvStore> Session<K> {
         if ids.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        let reused = self.common_prefix(ids).min(ids.len() - 1);
+        let mut reused = self.common_prefix(ids).min(ids.len() - 1);
+        if !self.kv.can_rewind_to(reused) {
+            // The store evicted what a query at `reused` sees (a sliding window): start over.
+            reused = 0;
+        }
         let suffix = &ids[reused..];
         let logits = model.forward_from(&mut self.kv, reused, suffix, Logits::Last)?;
         self.tokens.truncate(reused);
@@ -128,14 +132,21 @@ impl<K: KvStore> Session<K> {
 
     /// Keeps the first `min(n, len)` positions (rolling back speculative or regenerated
     /// tokens).
-    pub fn truncate(&mut self, n: usize) {
-        self.kv.truncate(n);
+    ///
+    /// Errors with [`KvError::BehindWindow`] when the store cannot rewind to `n` (a
+    /// sliding-window store that evicted what a query at `n` sees; see
+    /// [`KvStore::can_rewind_to`]); the session is then unchanged. `truncate(0)` always
+    /// succeeds.
+    pub fn truncate(&mut self, n: usize) -> Result<(), KvError> {
+        self.kv.truncate(n)?;
         self.tokens.truncate(n);
+        Ok(())
     }
 
     /// Drops every position; the store keeps its capacity.
     pub fn clear(&mut self) {
-        self.truncate(0);
+        self.kv.clear();
+        self.tokens.clear();
     }
 
     /// A second session starting from this one's positions (a copy of the store).

@@ -1,16 +1,29 @@
 //! Differential testing of the KV stores: one op sequence applied to a [`SpecKv`] (the
-//! specification: plain vectors, obviously right), a [`DenseKv`] (the reference) and a
-//! [`GrowKv`], which must agree bit for bit after every step.
+//! specification: plain vectors, obviously right), a [`DenseKv`] (the reference), a
+//! [`GrowKv`] and a [`WindowKv`], which must agree bit for bit after every step.
+//!
+//! A scenario may give layers sliding windows ([`Scenario::windows`]). The spec and the
+//! `WindowKv` then apply the window rule (a window layer of `w` retains its last `w`
+//! committed positions; a rewind to `0 < n < len` that would need an evicted position is
+//! [`KvError::BehindWindow`]), while the dense and growing stores keep every position,
+//! as a dense store with the window applied as a mask does. For a window layer the
+//! `WindowKv`'s view must equal the spec's exactly (the retained positions, ascending),
+//! the spec must retain every position a future query can see (from `len + 1 − w`, or
+//! during an open append from `at + 1 − w`, what the pass's own queries see), and the
+//! dense and growing stores must hold the same bits at those positions. When the spec
+//! refuses a rewind behind a window, the `WindowKv` must refuse it with the same error
+//! and the dense and growing stores are not asked (an append's `begin` on them is rolled
+//! back).
 //!
 //! A [`Scenario`] is a geometry plus a list of [`KvOp`]s over up to [`MAX_SEQS`]
 //! sequences (forks add sequences). [`run`] replays it and returns the first
 //! [`Divergence`]. An append is driven step by step on all three stores — `begin`, each
 //! layer's `write`, then `commit` or `rollback` as its [`End`] says — and after the
 //! begin and after every write it checks:
-//! - the three returned the same `Result` (same [`KvError`]), except that a store may
+//! - the stores returned the same `Result` (same [`KvError`]), except that a store may
 //!   fail with [`KvError::AllocFailed`] where the others succeed (each allocates at its
-//!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense
-//!   and growing stores fail): then the others' append is rolled back;
+//!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense,
+//!   growing and window stores fail): then the others' append is rolled back;
 //! - every layer's view holds the same positions (`0 .. len`, or `0 .. at + n` for a
 //!   layer written by the open append) and the same `f32::to_bits` in all three (NaN
 //!   payloads and `-0.0` included);
@@ -19,12 +32,17 @@
 //! - `len` is equal; `DenseKv`'s capacity is `max_ctx` and its bytes
 //!   `2 · n_layers · max_ctx · kv_dim · 4`; `GrowKv`'s capacity stays in `len..=max_ctx`
 //!   and never shrinks, its bytes are exactly `2 · n_layers · capacity · kv_dim · 4`
-//!   outside an append and at most the dense store's.
+//!   outside an append and at most the dense store's; `WindowKv`'s per-layer capacity
+//!   is in `len..=max_ctx` for a global layer and in `retained..=min(w, max_ctx)` for a
+//!   window layer, and its bytes are exactly `2 · kv_dim · 4 · Σ layer capacity` outside
+//!   an append (so a window layer costs at most `w` positions).
 //!
 //! Scenarios implement [`arbitrary::Arbitrary`] with bounded sizes so one run takes
 //! microseconds to milliseconds (`1..=4` layers, `1..=3` KV heads of `0..=6`, `max_ctx`
-//! `0..=600`, at most 64 ops); every byte string decodes ([`Scenario::from_bytes`]), the
-//! fuzz target's input format.
+//! `0..=600`, at most 64 ops, windows `1..=300`); every byte string decodes
+//! ([`Scenario::from_bytes`], the `kv_growth` fuzz target's input format, whose windows
+//! come last and mostly decode as none; [`Scenario::from_window_bytes`], the `kv_window`
+//! target's, whose windows come first).
 
 use std::fmt;
 use std::sync::Arc;
@@ -33,7 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arbitrary::{Arbitrary, Unstructured};
 use kvcore::kv::{
     AllocGate, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
-    check_begin, check_rows,
+    WindowKv, check_begin, check_rows,
 };
 use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
 
@@ -55,6 +73,8 @@ pub const MAX_BITS: usize = 32;
 pub const MAX_SEQS: usize = 4;
 /// Small positions are `0..POS_RANGE`, past [`MAX_CTX`] so overflows occur.
 pub const POS_RANGE: usize = 700;
+/// Largest window of an arbitrary [`Scenario`] (the smallest is 1).
+pub const MAX_WINDOW: usize = 300;
 
 /// How an append ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
@@ -131,8 +151,17 @@ pub enum KvOp {
         /// The sequence dropped.
         seq: u8,
     },
-    /// The next allocation of the dense and growing stores during the next op fails.
+    /// The next allocation of the dense, growing and window stores during the next op
+    /// fails.
     RefuseNextAlloc,
+    /// `truncate(len − back)` (saturating): into a window (`back = 1` is always
+    /// possible) or behind it.
+    TruncateBack {
+        /// The sequence.
+        seq: u8,
+        /// Positions dropped.
+        back: u16,
+    },
 }
 
 /// A geometry and the ops to replay on it.
@@ -156,6 +185,10 @@ pub struct Scenario {
     /// The ops, applied in order.
     #[arbitrary(with = arb_ops)]
     pub ops: Vec<KvOp>,
+    /// Per layer, the window of the spec's and the `WindowKv`'s layer (`None`: global);
+    /// missing entries are `None`, extra ones ignored.
+    #[arbitrary(with = arb_windows)]
+    pub windows: Vec<Option<usize>>,
 }
 
 impl Scenario {
@@ -163,6 +196,26 @@ impl Scenario {
     /// byte string decodes; short input reads as zeros.
     pub fn from_bytes(data: &[u8]) -> arbitrary::Result<Scenario> {
         Scenario::arbitrary_take_rest(Unstructured::new(data))
+    }
+
+    /// Decodes a scenario whose windows come first (the `kv_window` fuzz target's
+    /// format): [`MAX_LAYERS`] window bytes (each as [`window_of`]), then the rest as
+    /// [`from_bytes`](Scenario::from_bytes) with its windows replaced. Every byte string
+    /// decodes.
+    pub fn from_window_bytes(data: &[u8]) -> arbitrary::Result<Scenario> {
+        let (head, rest) = data.split_at(data.len().min(MAX_LAYERS));
+        let mut scenario = Scenario::from_bytes(rest)?;
+        scenario.windows = (0..MAX_LAYERS)
+            .map(|l| window_of(head.get(l).copied().unwrap_or(1)))
+            .collect();
+        Ok(scenario)
+    }
+
+    /// Exactly `n_layers` windows: [`windows`](Scenario::windows) padded with `None`.
+    pub fn layer_windows(&self) -> Vec<Option<usize>> {
+        (0..self.n_layers)
+            .map(|l| self.windows.get(l).copied().flatten())
+            .collect()
     }
 
     /// The stores' geometry.
@@ -173,6 +226,22 @@ impl Scenario {
             head_dim: self.head_dim,
         }
     }
+}
+
+/// A window from one byte: 0 is none (global), 1..=160 windows `1..=40` (the small
+/// windows appends cross often), 161..=255 windows up to [`MAX_WINDOW`].
+pub fn window_of(b: u8) -> Option<usize> {
+    match b {
+        0 => None,
+        1..=160 => Some(usize::from(b - 1) % 40 + 1),
+        _ => Some((usize::from(b - 160) * 3).min(MAX_WINDOW)),
+    }
+}
+
+fn arb_windows(u: &mut Unstructured) -> arbitrary::Result<Vec<Option<usize>>> {
+    (0..MAX_LAYERS)
+        .map(|_| u8::arbitrary(u).map(window_of))
+        .collect()
 }
 
 fn arb_bits(u: &mut Unstructured) -> arbitrary::Result<Vec<u32>> {
@@ -222,12 +291,21 @@ fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<KvOp>> {
 /// The KV store contract in its plainest form: per layer one `Vec<f32>` of the committed
 /// rows, and an open append held as each written layer's whole new contents. Its
 /// capacity is its length; it never fails to allocate (an abort instead).
+///
+/// A window layer of `w` keeps every row but shows only the retained ones, `lo .. len`,
+/// by the window rule: a commit of `at .. end` sets `lo = max(min(lo, at), end − w)`; a
+/// truncate to `n` keeps `lo` (`0` when `n = 0`); a rewind to `0 < n < len` is refused
+/// with [`KvError::BehindWindow`] unless `lo ≤ n + 1 − w` in every window layer.
 #[derive(Debug)]
 pub struct SpecKv {
     geometry: KvGeometry,
     kv_dim: usize,
     max_ctx: usize,
     len: usize,
+    /// `[n_layers]`: `None` global, `Some(w)` a window.
+    windows: Vec<Option<usize>>,
+    /// `[n_layers]`: the first position shown (0 for a global layer).
+    lo: Vec<usize>,
     /// `[n_layers]` of `[len, kv_dim]`.
     k: Vec<Vec<f32>>,
     /// `[n_layers]` of `[len, kv_dim]`.
@@ -247,11 +325,21 @@ impl SpecKv {
     /// An empty store. The geometry's rows must not overflow (the real stores'
     /// constructors reject those).
     pub fn new(geometry: KvGeometry, max_ctx: usize) -> Self {
+        SpecKv::with_windows(geometry, max_ctx, &vec![None; geometry.n_layers])
+    }
+
+    /// An empty store whose layer `l` has the window `windows[l]` (missing entries are
+    /// global layers).
+    pub fn with_windows(geometry: KvGeometry, max_ctx: usize, windows: &[Option<usize>]) -> Self {
         SpecKv {
             geometry,
             kv_dim: geometry.kv_dim(),
             max_ctx,
             len: 0,
+            windows: (0..geometry.n_layers)
+                .map(|l| windows.get(l).copied().flatten())
+                .collect(),
+            lo: vec![0; geometry.n_layers],
             k: vec![Vec::new(); geometry.n_layers],
             v: vec![Vec::new(); geometry.n_layers],
             pending: None,
@@ -267,6 +355,44 @@ impl SpecKv {
                 n_layers: self.geometry.n_layers,
             })
         }
+    }
+
+    /// `Err(BehindWindow)` for a rewind to `0 < n < len` that a window layer cannot serve.
+    fn check_rewind(&self, n: usize) -> Result<(), KvError> {
+        if n == 0 || n >= self.len || self.can_rewind_to(n) {
+            return Ok(());
+        }
+        let earliest = (0..self.geometry.n_layers)
+            .filter_map(|l| Some((self.windows[l]?, self.lo[l])))
+            .filter(|&(_, lo)| lo > 0)
+            .map(|(w, lo)| lo + w - 1)
+            .max()
+            .unwrap_or(0)
+            .min(self.len);
+        Err(KvError::BehindWindow { pos: n, earliest })
+    }
+
+    /// The first position layer `layer`'s view holds (its positions run from there to
+    /// `len`, or to `at + n` once the open append has written it).
+    pub fn shown_from(&self, layer: usize) -> usize {
+        match &self.pending {
+            Some(p) if p.layers[layer].is_some() => self.lo[layer].min(p.at),
+            _ => self.lo[layer],
+        }
+    }
+
+    /// The first position a query of the current state can see in layer `layer`: `0` for
+    /// a global layer; for a window `w`, `len + 1 − w`, or `at + 1 − w` once the open
+    /// append has written the layer (its earliest query is at `at`).
+    pub fn needed_from(&self, layer: usize) -> usize {
+        let Some(w) = self.windows.get(layer).copied().flatten() else {
+            return 0;
+        };
+        let q = match &self.pending {
+            Some(p) if p.layers[layer].is_some() => p.at,
+            _ => self.len,
+        };
+        (q + 1).saturating_sub(w)
     }
 }
 
@@ -297,13 +423,14 @@ impl KvStore for SpecKv {
             None => (&self.k[layer], &self.v[layer]),
         };
         let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
-        let rows = match &self.pending {
-            Some(p) if p.layers[layer].is_some() => p.at + p.n,
-            _ => self.len,
+        let (rows, lo) = match &self.pending {
+            Some(p) if p.layers[layer].is_some() => (p.at + p.n, self.lo[layer].min(p.at)),
+            _ => (self.len, self.lo[layer]),
         };
+        let span = lo * self.kv_dim..rows * self.kv_dim;
         let (k, v) = (
-            ArrayView3::from_shape((rows, h, d), k.as_slice()),
-            ArrayView3::from_shape((rows, h, d), v.as_slice()),
+            ArrayView3::from_shape((rows - lo, h, d), &k[span.clone()]),
+            ArrayView3::from_shape((rows - lo, h, d), &v[span]),
         );
         let (Ok(k), Ok(v)) = (k, v) else {
             unreachable!("rows · kv_dim floats")
@@ -311,11 +438,12 @@ impl KvStore for SpecKv {
         KvView::new(
             h,
             d,
-            vec![KvSegment::new(0, KvRows::F32(k), KvRows::F32(v))?],
+            vec![KvSegment::new(lo, KvRows::F32(k), KvRows::F32(v))?],
         )
     }
     fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
         check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
+        self.check_rewind(at)?;
         self.pending = Some(SpecAppend {
             at,
             n,
@@ -358,6 +486,12 @@ impl KvStore for SpecKv {
         }
         let p = self.pending.take().expect("checked");
         let keep = p.at * self.kv_dim;
+        let end = p.at + p.n;
+        for (layer, w) in self.windows.iter().enumerate() {
+            if let Some(w) = w {
+                self.lo[layer] = self.lo[layer].min(p.at).max(end.saturating_sub(*w));
+            }
+        }
         for (layer, rows) in p.layers.into_iter().enumerate() {
             match rows {
                 Some((k, v)) => (self.k[layer], self.v[layer]) = (k, v),
@@ -373,18 +507,37 @@ impl KvStore for SpecKv {
     fn rollback(&mut self) {
         self.pending = None;
     }
-    fn truncate(&mut self, n: usize) {
+    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
+        self.check_rewind(n)?;
         self.rollback();
         self.len = self.len.min(n);
+        for lo in &mut self.lo {
+            *lo = (*lo).min(self.len);
+        }
         for rows in self.k.iter_mut().chain(&mut self.v) {
             rows.truncate(self.len * self.kv_dim);
         }
+        Ok(())
+    }
+    fn can_rewind_to(&self, n: usize) -> bool {
+        n == self.len
+            || n == 0
+            || (n < self.len
+                && (0..self.geometry.n_layers).all(|l| match self.windows[l] {
+                    Some(w) => self.lo[l] <= (n + 1).saturating_sub(w),
+                    None => true,
+                }))
+    }
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
     }
     fn fork(&self) -> Result<Self, KvError> {
         if self.pending.is_some() {
             return Err(KvError::AppendOpen);
         }
         Ok(SpecKv {
+            windows: self.windows.clone(),
+            lo: self.lo.clone(),
             k: self.k.clone(),
             v: self.v.clone(),
             pending: None,
@@ -431,11 +584,12 @@ impl AllocGate for RefuseNext {
     }
 }
 
-/// One sequence on the three stores.
+/// One sequence on the four stores.
 struct Seq<G> {
     spec: SpecKv,
     dense: DenseKv,
     grow: G,
+    window: WindowKv,
 }
 
 /// What a store looks like from outside: per layer, positions and bits of K and V, and
@@ -503,6 +657,26 @@ fn same_bits(a: &KvView<'_>, b: &KvView<'_>, keys: bool) -> bool {
     }
 }
 
+/// Layer `layer` of `kv` at positions `from ..` only.
+fn layer_bits_from(kv: &dyn KvStore, layer: usize, from: usize) -> Result<LayerBits, String> {
+    let (positions, k, v) = layer_bits(kv, layer)?;
+    let skip = positions.iter().take_while(|&&p| p < from).count();
+    let d = kv.geometry().kv_dim();
+    Ok((
+        positions[skip..].to_vec(),
+        k[skip * d..].to_vec(),
+        v[skip * d..].to_vec(),
+    ))
+}
+
+/// The divergence message of a layer that differs from the spec's.
+fn differs(layer: usize, name: &str, got: &LayerBits, want: &LayerBits) -> String {
+    format!(
+        "layer {layer}: {name} holds positions {:?} with K {:08x?} V {:08x?}, the spec {:?} with K {:08x?} V {:08x?}",
+        got.0, got.1, got.2, want.0, want.1, want.2
+    )
+}
+
 /// Whether layer `layer` of `a` and `b` holds the same positions and bits (compared
 /// without copying).
 fn same_layer(a: &dyn KvStore, b: &dyn KvStore, layer: usize) -> Result<bool, String> {
@@ -530,34 +704,62 @@ fn snapshot(kv: &dyn KvStore) -> Result<Snapshot, String> {
 }
 
 impl<G: KvStore> Seq<G> {
-    fn stores(&mut self) -> [&mut dyn KvStore; 3] {
-        [&mut self.spec, &mut self.dense, &mut self.grow]
+    fn stores(&mut self) -> [&mut dyn KvStore; 4] {
+        [
+            &mut self.spec,
+            &mut self.dense,
+            &mut self.grow,
+            &mut self.window,
+        ]
     }
 
-    fn snapshots(&self) -> Result<[Snapshot; 3], String> {
+    fn snapshots(&self) -> Result<[Snapshot; 4], String> {
         Ok([
             snapshot(&self.spec)?,
             snapshot(&self.dense)?,
             snapshot(&self.grow)?,
+            snapshot(&self.window)?,
         ])
     }
 
-    /// Every layer's positions and bits agree across the three stores.
+    /// Every layer's positions and bits agree across the stores: exactly for a global
+    /// layer and for the window store; at the positions the spec shows for a window
+    /// layer of the dense and growing stores, after checking that the spec shows every
+    /// position a query can see.
     fn same_views(&self) -> Result<(), String> {
-        for layer in 0..self.spec.geometry().n_layers {
-            for (name, kv) in [
-                ("DenseKv", &self.dense as &dyn KvStore),
-                ("GrowKv", &self.grow),
-            ] {
-                if same_layer(&self.spec, kv, layer)? {
-                    continue;
+        let spec = &self.spec;
+        for layer in 0..spec.geometry().n_layers {
+            let windowed = spec.window(layer).is_some();
+            let mut exact: Vec<(&str, &dyn KvStore)> = vec![("WindowKv", &self.window)];
+            if !windowed {
+                exact.extend([
+                    ("DenseKv", &self.dense as &dyn KvStore),
+                    ("GrowKv", &self.grow),
+                ]);
+            }
+            for (name, kv) in exact {
+                if !same_layer(spec, kv, layer)? {
+                    let (want, got) = (layer_bits(spec, layer)?, layer_bits(kv, layer)?);
+                    return Err(differs(layer, name, &got, &want));
                 }
-                let (want, got) = (layer_bits(&self.spec, layer)?, layer_bits(kv, layer)?);
-                {
+            }
+            if windowed {
+                let want = layer_bits(spec, layer)?;
+                let from = spec.shown_from(layer);
+                if from > spec.needed_from(layer) {
                     return Err(format!(
-                        "layer {layer}: {name} holds positions {:?} with K {:08x?} V {:08x?}, the spec {:?} with K {:08x?} V {:08x?}",
-                        got.0, got.1, got.2, want.0, want.1, want.2
+                        "layer {layer}: the spec shows positions from {from}, a query sees from {}",
+                        spec.needed_from(layer)
                     ));
+                }
+                for (name, kv) in [
+                    ("DenseKv", &self.dense as &dyn KvStore),
+                    ("GrowKv", &self.grow),
+                ] {
+                    let got = layer_bits_from(kv, layer, from)?;
+                    if got != want {
+                        return Err(differs(layer, name, &got, &want));
+                    }
                 }
             }
         }
@@ -565,22 +767,35 @@ impl<G: KvStore> Seq<G> {
     }
 }
 
-/// The three results must agree; an `AllocFailed` of the dense or growing store is
-/// reported as `Ok(true)` (the op is to be abandoned), agreement as `Ok(false)`.
-fn agree(what: &str, results: &[Result<(), KvError>; 3]) -> Result<bool, String> {
+/// The results (spec, dense, growing, window) must agree: `Ok(false)`. `Ok(true)` when
+/// the op is to be abandoned: an `AllocFailed` of a real store where the spec succeeded,
+/// or the spec's [`KvError::BehindWindow`], which the window store must return too while
+/// the stores without windows succeed (or fail to allocate).
+fn agree(what: &str, results: &[Result<(), KvError>; 4]) -> Result<bool, String> {
     let alloc = |r: &Result<(), KvError>| matches!(r, Err(KvError::AllocFailed { .. }));
+    let [spec, dense, grow, window] = results;
+    if let Err(e @ KvError::BehindWindow { .. }) = spec {
+        return if window.as_ref().err() == Some(e)
+            && [dense, grow].iter().all(|r| r.is_ok() || alloc(r))
+        {
+            Ok(true)
+        } else {
+            Err(format!(
+                "{what}: results {results:?} (the spec refused a rewind)"
+            ))
+        };
+    }
     if results[1..].iter().any(alloc) {
-        return match &results[0] {
+        return match spec {
             Ok(()) if results[1..].iter().all(|r| r.is_ok() || alloc(r)) => Ok(true),
             _ => Err(format!(
                 "{what}: results {results:?} (an allocation failed)"
             )),
         };
     }
-    if results[0] != results[1] || results[0] != results[2] {
+    if results[1..].iter().any(|r| r != spec) {
         return Err(format!(
-            "{what}: spec {:?}, DenseKv {:?}, GrowKv {:?}",
-            results[0], results[1], results[2]
+            "{what}: spec {spec:?}, DenseKv {dense:?}, GrowKv {grow:?}, WindowKv {window:?}"
         ));
     }
     Ok(false)
@@ -598,8 +813,8 @@ fn rows(n: usize, kv_dim: usize, extra: usize, layer: usize, bits: &[u32], v: bo
 /// Replays `scenario` and checks the stores after construction and after every step
 /// (see the [module docs](self)).
 ///
-/// A geometry that neither real store can be built for (the same error from both
-/// constructors) passes trivially; any other constructor disagreement is a divergence.
+/// A geometry that no real store can be built for (the same error from every
+/// constructor) passes trivially; any other constructor disagreement is a divergence.
 ///
 /// # Errors
 /// The first [`Divergence`].
@@ -624,25 +839,31 @@ fn run_against<G: KvStore>(
     let g = scenario.geometry();
     let max_ctx = scenario.max_ctx;
     let at_start = |detail: String| Divergence { op: None, detail };
+    let windows = scenario.layer_windows();
     let dense_gate = Arc::new(RefuseNext::default());
     let grow_gate = Arc::new(RefuseNext::default());
+    let window_gate = Arc::new(RefuseNext::default());
     let built = build(g, max_ctx, scenario.initial, grow_gate.clone());
-    let (mut dense, grow) = match (DenseKv::new(g, max_ctx), built) {
-        (Ok(d), Ok(gr)) => (d, gr),
-        (Err(a), Err(b)) if a == b => return Ok(()),
-        (a, b) => {
+    let window = WindowKv::new(g, max_ctx, &windows);
+    let (mut dense, grow, mut window) = match (DenseKv::new(g, max_ctx), built, window) {
+        (Ok(d), Ok(gr), Ok(w)) => (d, gr, w),
+        (Err(a), Err(b), Err(c)) if a == b && b == c => return Ok(()),
+        (a, b, c) => {
             return Err(at_start(format!(
-                "constructors disagree: DenseKv {:?}, store {:?}",
+                "constructors disagree: DenseKv {:?}, store {:?}, WindowKv {:?}",
                 a.map(drop),
-                b.map(drop)
+                b.map(drop),
+                c.map(drop)
             )));
         }
     };
     dense.set_alloc_gate(Some(dense_gate.clone()));
+    window.set_alloc_gate(Some(window_gate.clone()));
     let mut seqs = vec![Seq {
-        spec: SpecKv::new(g, max_ctx),
+        spec: SpecKv::with_windows(g, max_ctx, &windows),
         dense,
         grow,
+        window,
     }];
     let mut grow_caps = vec![seqs[0].grow.capacity()];
     check(&seqs[0], grow_caps[0]).map_err(at_start)?;
@@ -651,11 +872,13 @@ fn run_against<G: KvStore>(
             op: Some((index, op.clone())),
             detail,
         };
-        step(&mut seqs, &mut grow_caps, op, [&dense_gate, &grow_gate]).map_err(diverged)?;
+        let gates = [&*dense_gate, &*grow_gate, &*window_gate];
+        step(&mut seqs, &mut grow_caps, op, gates).map_err(diverged)?;
         // A refusal armed for this op that it did not use expires with it.
         if !matches!(op, KvOp::RefuseNextAlloc) {
-            dense_gate.0.store(false, Ordering::Relaxed);
-            grow_gate.0.store(false, Ordering::Relaxed);
+            gates
+                .iter()
+                .for_each(|g| g.0.store(false, Ordering::Relaxed));
         }
         for (seq, &cap) in seqs.iter().zip(&grow_caps) {
             check(seq, cap).map_err(diverged)?;
@@ -669,7 +892,7 @@ fn step<G: KvStore>(
     seqs: &mut Vec<Seq<G>>,
     grow_caps: &mut Vec<usize>,
     op: &KvOp,
-    gates: [&RefuseNext; 2],
+    gates: [&RefuseNext; 3],
 ) -> Result<(), String> {
     let pick = |seq: u8, n: usize| usize::from(seq) % n;
     match op {
@@ -688,9 +911,27 @@ fn step<G: KvStore>(
             let i = pick(*seq, seqs.len());
             append(&mut seqs[i], *start, *n, bits, *end)?;
         }
-        KvOp::Truncate { seq, n } => {
+        KvOp::Truncate { seq, .. } | KvOp::TruncateBack { seq, .. } => {
             let i = pick(*seq, seqs.len());
-            seqs[i].stores().into_iter().for_each(|kv| kv.truncate(*n));
+            let s = &mut seqs[i];
+            let n = &match op {
+                KvOp::TruncateBack { back, .. } => s.spec.len().saturating_sub(usize::from(*back)),
+                KvOp::Truncate { n, .. } => *n,
+                _ => unreachable!("matched above"),
+            };
+            let before = s.snapshots()?;
+            let (spec, window) = (s.spec.truncate(*n), s.window.truncate(*n));
+            if spec != window {
+                return Err(format!("truncate: spec {spec:?}, WindowKv {window:?}"));
+            }
+            if spec.is_ok() {
+                for kv in [&mut s.dense as &mut dyn KvStore, &mut s.grow] {
+                    kv.truncate(*n)
+                        .map_err(|e| format!("truncate failed on a store without windows: {e}"))?;
+                }
+            } else if s.snapshots()? != before {
+                return Err("a refused truncate changed a store".into());
+            }
         }
         KvOp::Clear { seq } => {
             let i = pick(*seq, seqs.len());
@@ -700,16 +941,28 @@ fn step<G: KvStore>(
             let i = pick(*seq, seqs.len());
             if seqs.len() < MAX_SEQS {
                 let s = &seqs[i];
-                let (spec, dense, grow) = (s.spec.fork(), s.dense.fork(), s.grow.fork());
+                let (spec, dense, grow, window) = (
+                    s.spec.fork(),
+                    s.dense.fork(),
+                    s.grow.fork(),
+                    s.window.fork(),
+                );
                 let outcome = |r: Result<(), &KvError>| r.map_err(Clone::clone);
                 let results = [
                     outcome(spec.as_ref().map(drop)),
                     outcome(dense.as_ref().map(drop)),
                     outcome(grow.as_ref().map(drop)),
+                    outcome(window.as_ref().map(drop)),
                 ];
                 if !agree("fork", &results)? {
-                    if let (Ok(spec), Ok(dense), Ok(grow)) = (spec, dense, grow) {
-                        let fork = Seq { spec, dense, grow };
+                    if let (Ok(spec), Ok(dense), Ok(grow), Ok(window)) = (spec, dense, grow, window)
+                    {
+                        let fork = Seq {
+                            spec,
+                            dense,
+                            grow,
+                            window,
+                        };
                         if fork.snapshots()? != seqs[i].snapshots()? {
                             return Err("a fork differs from its parent".into());
                         }
@@ -820,13 +1073,14 @@ fn append<G: KvStore>(
 /// The invariants of one sequence outside an append: equal lengths and views, and each
 /// store's capacity and footprint rules.
 fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String> {
-    let (spec, dense, grow) = (&seq.spec, &seq.dense, &seq.grow);
-    if dense.len() != spec.len() || grow.len() != spec.len() {
+    let (spec, dense, grow, window) = (&seq.spec, &seq.dense, &seq.grow, &seq.window);
+    if dense.len() != spec.len() || grow.len() != spec.len() || window.len() != spec.len() {
         return Err(format!(
-            "len differs: spec {}, DenseKv {}, GrowKv {}",
+            "len differs: spec {}, DenseKv {}, GrowKv {}, WindowKv {}",
             spec.len(),
             dense.len(),
-            grow.len()
+            grow.len(),
+            window.len()
         ));
     }
     let g = spec.geometry();
@@ -856,11 +1110,35 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
             dense.bytes()
         ));
     }
+    let mut slots = 0;
     for layer in 0..g.n_layers {
         let (positions, _, _) = layer_bits(spec, layer)?;
-        if positions != (0..spec.len()).collect::<Vec<_>>() {
+        if positions != (spec.shown_from(layer)..spec.len()).collect::<Vec<_>>() {
             return Err(format!("layer {layer} holds positions {positions:?}"));
         }
+        let cap = window
+            .layer_capacity(layer)
+            .ok_or(format!("WindowKv has no layer {layer}"))?;
+        let fits = match spec.window(layer) {
+            None => (window.len()..=window.max_ctx()).contains(&cap),
+            Some(w) => (positions.len()..=w.min(window.max_ctx())).contains(&cap),
+        };
+        if !fits {
+            return Err(format!(
+                "WindowKv layer {layer} (window {:?}) has {cap} slots for {} positions",
+                spec.window(layer),
+                positions.len()
+            ));
+        }
+        slots += cap;
+    }
+    if window.bytes() != 2 * slots * g.kv_dim() * 4 || window.bytes() > dense.bytes() {
+        return Err(format!(
+            "WindowKv bytes {} for {slots} slots: expected {}, at most DenseKv's {}",
+            window.bytes(),
+            2 * slots * g.kv_dim() * 4,
+            dense.bytes()
+        ));
     }
     seq.same_views()
 }
@@ -930,7 +1208,7 @@ mod tests {
                 self.inner.rollback();
             }
         }
-        fn truncate(&mut self, n: usize) {
+        fn truncate(&mut self, n: usize) -> Result<(), KvError> {
             self.inner.truncate(n)
         }
         fn fork(&self) -> Result<Self, KvError> {
@@ -952,6 +1230,7 @@ mod tests {
             max_ctx: 100,
             initial: None,
             ops,
+            windows: Vec::new(),
         }
     }
 

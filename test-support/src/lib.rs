@@ -3,7 +3,7 @@
 //!
 //! - [`kv_diff`]: the differential checker of the KV stores ([`kv_diff::SpecKv`], the
 //!   specification store, and [`kv_diff::run`]), for the property tests and the
-//!   `kv_growth` fuzz target, and for anyone writing a store of their own;
+//!   `kv_growth` and `kv_window` fuzz targets, and for anyone writing a store of their own;
 //! - [`tiny`]: tiny random Llama models as in-memory GGUF files;
 //! - [`faults`]: fault injection (a backend that fails its `k`-th kernel call, an
 //!   allocation gate that refuses the `k`-th allocation);

@@ -1,0 +1,993 @@
+//! [`WindowKv`], the sliding-window KV store: layers that attend through a sliding window
+//! keep only their most recent positions in a ring; the others (global layers) keep every
+//! position and grow on demand, exactly as [`GrowKv`](super::GrowKv).
+//!
+//! ## Design
+//! Each layer is either *global* (`None` in the window list) or a *window layer* of `w`
+//! positions (`Some(w)`: a query at `p` sees the keys at `p − w < k ≤ p`,
+//! [`Mask::SlidingWindow`](crate::backend::Mask)).
+//! - The global layers live in one inner `Rows` (`rows.rs`, the code of `GrowKv`) over
+//!   those layers only, with a map from layer index to its index there.
+//! - A window layer is a ring of slots, `[cap][kv_dim]` f32 for K and V, position `p` in
+//!   slot `p mod cap`. It holds the committed positions `lo .. len`, at most `w` of them:
+//!   after every commit it retains the last `w` committed positions (so the last one can
+//!   always be replaced, as a session re-running its last token does, with the `w − 1`
+//!   before it still visible). The ring grows on demand like `GrowKv`: it starts at
+//!   `min(64, w, max_ctx)` slots and doubles, clamped to `min(w, max_ctx)`, re-laying
+//!   out its positions in the new buffers; it only evicts once it is at that size.
+//! - Its [`view`](super::KvStore::view) is the retained positions in ascending order (one
+//!   segment, or two when they wrap around the ring's end), positions explicit, then,
+//!   once the open append has written the layer, the pending rows.
+//!
+//! ## Transactions
+//! `begin` allocates everything the append needs through the [`AllocGate`]: the global
+//! layers' growth (as `GrowKv`), each ring's growth (new buffers holding a copy of the
+//! retained positions; the old ones stay in use until the commit) and a staging buffer of
+//! all `n` pending rows per window layer: every pending row must be visible to the pass's
+//! own attention, since the early queries of a prefill longer than the window see their
+//! own window of the same pass. A `write` fills the staging buffer; the committed ring is
+//! untouched, so a rollback only drops the pending buffers, and `capacity()` and `bytes()`
+//! are restored exactly. `commit` swaps in the grown ring and copies the last
+//! `min(n, retained)` pending rows into it, which cannot fail. During an append at
+//! `at < len` a window layer's view hides its committed positions `≥ at`.
+//!
+//! ## Memory
+//! Outside an append, `bytes()` is `2 · kv_dim · 4 · (n_global · c + Σ_window cap)`
+//! where `c` is the global layers' capacity and each ring's `cap ≤ min(w, max_ctx)`: a
+//! window layer costs at most `w` positions however long the sequence. During an append
+//! add the staging buffers (`n` rows per window layer) and any grown buffers.
+//!
+//! ## Rewinding behind the window
+//! A ring cannot bring back what it evicted. Going back to position `n` (a
+//! [`truncate`](super::KvStore::truncate)`(n)` or an append at `n < len`) needs every
+//! position a query at `n` sees, `n + 1 − w .. n`, still in every window layer; when one
+//! is gone the call fails with [`KvError::BehindWindow`] and changes nothing
+//! ([`can_rewind_to`](super::KvStore::can_rewind_to) answers beforehand). After a run
+//! longer than the window that leaves only the last position replaceable (once), and
+//! `0` (a clear). A [`Session`](crate::Session) whose new turn diverges behind that limit
+//! re-prefills from position 0.
+
+use std::fmt;
+use std::mem;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+use ndarray::{ArrayView2, ArrayView3};
+
+use super::rows::{Rows, assign_rows, checked_size, grown_capacity, zeroed};
+use super::{
+    AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
+    check_rows,
+};
+
+/// The sliding-window KV store: global layers grow on demand as in
+/// [`GrowKv`](super::GrowKv), window layers keep a ring of their last `w` positions.
+///
+/// - **Views**: a window layer's view is its retained positions, ascending (one segment,
+///   or two when they wrap around the ring's end), then, once the open append has
+///   written the layer, all `n` pending rows (staged in `begin`, so the early queries of
+///   a prefill longer than the window see their own window).
+/// - **Memory**: outside an append a window layer holds at most `min(w, max_ctx)` slots
+///   (it starts at `min(64, w, max_ctx)` and doubles on demand), a global layer as many
+///   as `GrowKv` would; `bytes()` is `2 · kv_dim · 4 ·` the slots of every layer, plus,
+///   during an append, the staging of `n` rows per window layer and any grown buffers.
+///   Every allocation of an append happens in `begin`, and a rollback restores
+///   `capacity()` and `bytes()` exactly.
+/// - **Rewinding**: after every commit a window layer retains its last `w` committed
+///   positions, so the last position can always be replaced. Going back to `0 < n <
+///   len` (`truncate(n)` or `begin(n, ..)`) needs every position a query at `n` sees,
+///   `n + 1 − w .. n`, in every window layer; when one was evicted the call fails with
+///   [`KvError::BehindWindow`] and changes nothing
+///   ([`can_rewind_to`](KvStore::can_rewind_to) tells beforehand). `0` (a clear) and
+///   `len` are always possible. A [`Session`](crate::Session) then re-prefills from 0.
+///
+/// For every sequence of calls that does not rewind behind a window, its views hold,
+/// for every position a query can still see, bitwise the rows of a
+/// [`DenseKv`](super::DenseKv) given the same calls, so attention with the window as a
+/// mask gives bitwise the same result.
+pub struct WindowKv {
+    geometry: KvGeometry,
+    kv_dim: usize,
+    max_ctx: usize,
+    /// Committed positions, `0 .. len`.
+    len: usize,
+    /// `[n_layers]`: `None` global, `Some(w)` a window of `w` positions.
+    windows: Vec<Option<usize>>,
+    /// `[n_layers]`: the layer's index in `global` or in `rings`.
+    map: Vec<Layer>,
+    /// The global layers.
+    global: Rows,
+    /// The window layers, in layer order.
+    rings: Vec<Ring>,
+    gate: Gate,
+    pending: Option<Pending>,
+}
+
+/// Where a layer's rows live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layer {
+    Global(usize),
+    Window(usize),
+}
+
+/// A window layer: positions `lo .. len` in slots `p mod cap`.
+struct Ring {
+    window: usize,
+    /// Slots, `≤ min(window, max_ctx)`; `len − lo ≤ cap`.
+    cap: usize,
+    /// The first retained position.
+    lo: usize,
+    /// `[cap][kv_dim]`
+    k: Vec<f32>,
+    /// `[cap][kv_dim]`
+    v: Vec<f32>,
+}
+
+/// An open append.
+struct Pending {
+    at: usize,
+    n: usize,
+    /// A restore ([`KvStore::begin_restore`]): window layers are given rows `start .. n`.
+    restore: bool,
+    /// `[n_layers]`: whether the layer's rows have been written.
+    written: Vec<bool>,
+    /// `[rings]`
+    rings: Vec<Staged>,
+}
+
+/// The pending state of one window layer.
+struct Staged {
+    /// The grown ring (its `k`, `v`, `cap`; `lo` unused), holding a copy of the retained
+    /// positions, swapped in at the commit.
+    grown: Option<Ring>,
+    /// The first pending position: `at`, or in a restore the `start` written.
+    first: usize,
+    /// `[rows][kv_dim]`: the pending rows of positions `first ..`.
+    k: Vec<f32>,
+    /// `[rows][kv_dim]`
+    v: Vec<f32>,
+    /// Rows written.
+    rows: usize,
+}
+
+impl Ring {
+    fn bytes(&self) -> usize {
+        (self.k.capacity() + self.v.capacity()) * mem::size_of::<f32>()
+    }
+
+    /// The slot ranges holding positions `a .. b` (`b − a ≤ cap`), in position order:
+    /// `(first position, first slot, slots)`, one or two runs.
+    fn runs(&self, a: usize, b: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let count = b.saturating_sub(a);
+        let (slot, first) = if count == 0 {
+            (0, 0)
+        } else {
+            let slot = a % self.cap;
+            (slot, count.min(self.cap - slot))
+        };
+        [(a, slot, first), (a + first, 0, count - first)]
+            .into_iter()
+            .filter(|r| r.2 > 0)
+    }
+}
+
+impl WindowKv {
+    /// Slots a ring or the global layers start with (clamped to the window and
+    /// `max_ctx`), as [`GrowKv::DEFAULT_INITIAL_CAPACITY`](super::GrowKv).
+    pub const INITIAL_CAPACITY: usize = 64;
+
+    /// An empty store of `geometry` with the hard ceiling `max_ctx` and one entry of
+    /// `windows` per layer: `None` for a global layer (keeps every position), `Some(w)`
+    /// for a sliding-window layer of `w ≥ 1` positions. Global layers start with
+    /// `min(64, max_ctx)` slots, rings with `min(64, w, max_ctx)`.
+    ///
+    /// # Errors
+    /// [`KvError::WindowCount`] when `windows.len() != n_layers`, [`KvError::ZeroWindow`]
+    /// for a window of 0, [`KvError::TooLarge`] when the store at full dense size would
+    /// not fit in `isize::MAX` bytes (the same rule as the other stores, checked up
+    /// front), [`KvError::AllocFailed`] when the initial buffers are refused.
+    pub fn new(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        windows: &[Option<usize>],
+    ) -> Result<Self, KvError> {
+        if windows.len() != geometry.n_layers {
+            return Err(KvError::WindowCount {
+                found: windows.len(),
+                n_layers: geometry.n_layers,
+            });
+        }
+        if let Some(layer) = windows.iter().position(|w| *w == Some(0)) {
+            return Err(KvError::ZeroWindow { layer });
+        }
+        let kv_dim = checked_size(&geometry, max_ctx)?;
+        let (mut n_global, mut n_rings) = (0, 0);
+        let map = windows
+            .iter()
+            .map(|w| match w {
+                None => (Layer::Global(n_global), n_global += 1).0,
+                Some(_) => (Layer::Window(n_rings), n_rings += 1).0,
+            })
+            .collect();
+        let global = Rows::new(
+            KvGeometry {
+                n_layers: n_global,
+                ..geometry
+            },
+            max_ctx,
+            Self::INITIAL_CAPACITY,
+        )?;
+        let rings = windows
+            .iter()
+            .flatten()
+            .map(|&window| {
+                let cap = Self::INITIAL_CAPACITY.min(window).min(max_ctx);
+                Ok(Ring {
+                    window,
+                    cap,
+                    lo: 0,
+                    k: zeroed(&None, cap * kv_dim)?,
+                    v: zeroed(&None, cap * kv_dim)?,
+                })
+            })
+            .collect::<Result<_, KvError>>()?;
+        Ok(WindowKv {
+            geometry,
+            kv_dim,
+            max_ctx,
+            len: 0,
+            windows: windows.to_vec(),
+            map,
+            global,
+            rings,
+            gate: None,
+            pending: None,
+        })
+    }
+
+    /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
+    /// all. Forks inherit the gate.
+    pub fn set_alloc_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
+        self.global.set_gate(gate.clone());
+        self.gate = gate;
+    }
+
+    /// The window of every layer, as given to [`new`](WindowKv::new).
+    pub fn windows(&self) -> &[Option<usize>] {
+        &self.windows
+    }
+
+    /// Slots allocated for layer `layer` (for a window layer at most `min(w, max_ctx)`),
+    /// or `None` when out of range. During an append that grows the layer, the grown
+    /// size.
+    pub fn layer_capacity(&self, layer: usize) -> Option<usize> {
+        Some(match *self.map.get(layer)? {
+            Layer::Global(_) => self.global.capacity(),
+            Layer::Window(r) => self.ring_cap(r),
+        })
+    }
+
+    /// Ring `r`'s slots, counting a growth of the open append.
+    fn ring_cap(&self, r: usize) -> usize {
+        let grown = self
+            .pending
+            .as_ref()
+            .and_then(|p| p.rings[r].grown.as_ref());
+        grown.map_or(self.rings[r].cap, |g| g.cap)
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<Layer, KvError> {
+        self.map.get(layer).copied().ok_or(KvError::NoSuchLayer {
+            layer,
+            n_layers: self.geometry.n_layers,
+        })
+    }
+
+    /// Whether a query at `n` sees only positions every ring still holds.
+    fn rings_hold(&self, n: usize) -> bool {
+        self.rings
+            .iter()
+            .all(|r| r.lo <= (n + 1).saturating_sub(r.window))
+    }
+
+    /// The error of a rewind to `pos` behind a window.
+    fn behind(&self, pos: usize) -> KvError {
+        let earliest = self
+            .rings
+            .iter()
+            .filter(|r| r.lo > 0)
+            .map(|r| r.lo.saturating_add(r.window - 1))
+            .max()
+            .unwrap_or(0)
+            .min(self.len);
+        KvError::BehindWindow { pos, earliest }
+    }
+
+    /// The pending state of every ring for an append of positions `at .. end` whose
+    /// window layers receive up to `rows` rows each: grown rings and staging, allocated
+    /// through the gate.
+    fn stage(&self, at: usize, end: usize, restore: bool) -> Result<Vec<Staged>, KvError> {
+        let kv_dim = self.kv_dim;
+        self.rings
+            .iter()
+            .map(|ring| {
+                let limit = ring.window.min(self.max_ctx);
+                let needed = ring.window.min(end);
+                let grown = if needed > ring.cap {
+                    let cap = grown_capacity(ring.cap, needed, limit);
+                    let mut grown = Ring {
+                        window: ring.window,
+                        cap,
+                        lo: 0,
+                        k: zeroed(&self.gate, cap * kv_dim)?,
+                        v: zeroed(&self.gate, cap * kv_dim)?,
+                    };
+                    // The retained positions a commit keeps: `lo .. min(len, at)`.
+                    let kept = if restore {
+                        0..0
+                    } else {
+                        ring.lo..self.len.min(at)
+                    };
+                    for p in kept {
+                        let (src, dst) = ((p % ring.cap) * kv_dim, (p % cap) * kv_dim);
+                        grown.k[dst..dst + kv_dim].copy_from_slice(&ring.k[src..src + kv_dim]);
+                        grown.v[dst..dst + kv_dim].copy_from_slice(&ring.v[src..src + kv_dim]);
+                    }
+                    Some(grown)
+                } else {
+                    None
+                };
+                let rows = if restore { needed } else { end - at };
+                Ok(Staged {
+                    grown,
+                    first: at,
+                    k: zeroed(&self.gate, rows * kv_dim)?,
+                    v: zeroed(&self.gate, rows * kv_dim)?,
+                    rows: 0,
+                })
+            })
+            .collect()
+    }
+
+    /// Opens an append of `at .. at + n`, or a restore of `0 .. n`.
+    fn open(&mut self, at: usize, n: usize, restore: bool) -> Result<(), KvError> {
+        let end = check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
+        if at < self.len && at > 0 && !self.rings_hold(at) {
+            return Err(self.behind(at));
+        }
+        let rings = self.stage(at, end, restore)?;
+        self.global.begin(at, n)?;
+        self.pending = Some(Pending {
+            at,
+            n,
+            restore,
+            written: vec![false; self.geometry.n_layers],
+            rings,
+        });
+        Ok(())
+    }
+
+    /// The rows of `ring` (or the staging of the open append) for positions `a .. b`, as
+    /// view segments.
+    fn push_segments<'a>(
+        &self,
+        segments: &mut Vec<KvSegment<'a>>,
+        k: &'a [f32],
+        v: &'a [f32],
+        runs: impl Iterator<Item = (usize, usize, usize)>,
+    ) -> Result<(), KvError> {
+        let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
+        for (start, slot, slots) in runs {
+            let span = slot * self.kv_dim..(slot + slots) * self.kv_dim;
+            let keys = ArrayView3::from_shape((slots, h, d), &k[span.clone()]);
+            let values = ArrayView3::from_shape((slots, h, d), &v[span]);
+            let (keys, values) = match (keys, values) {
+                (Ok(k), Ok(v)) => (KvRows::F32(k), KvRows::F32(v)),
+                _ => unreachable!("the span holds slots · kv_dim floats"),
+            };
+            segments.push(KvSegment::new(start, keys, values)?);
+        }
+        Ok(())
+    }
+
+    fn ring_view(&self, layer: usize, r: usize) -> Result<KvView<'_>, KvError> {
+        let ring = &self.rings[r];
+        let staged = match &self.pending {
+            Some(p) if p.written[layer] => Some((p, &p.rings[r])),
+            _ => None,
+        };
+        let end = staged.map_or(self.len, |(p, _)| if p.restore { 0 } else { p.at });
+        let end = end.min(self.len);
+        let mut segments = Vec::with_capacity(3);
+        self.push_segments(
+            &mut segments,
+            &ring.k,
+            &ring.v,
+            ring.runs(ring.lo.min(end), end),
+        )?;
+        if let Some((_, s)) = staged {
+            let run = (s.first, 0, s.rows);
+            self.push_segments(&mut segments, &s.k, &s.v, [run].into_iter())?;
+        }
+        let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
+        KvView::new(h, d, segments)
+    }
+
+    fn write_ring(
+        &mut self,
+        layer: usize,
+        r: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError> {
+        let kv_dim = self.kv_dim;
+        let window = self.rings[r].window;
+        let p = self.pending.as_mut().expect("checked by the caller");
+        let rows = if p.restore {
+            // A restore gives rows `start .. n` for a start the window allows; any other
+            // count is refused as a shape error naming the most rows allowed.
+            let starts = restore_range(p.n, window);
+            let allowed = p.n - starts.end()..=p.n - starts.start();
+            if allowed.contains(&k.nrows()) {
+                k.nrows()
+            } else {
+                *allowed.end()
+            }
+        } else {
+            p.n
+        };
+        check_rows(rows, kv_dim, &k, &v)?;
+        let s = &mut p.rings[r];
+        if p.restore {
+            s.first = p.n - rows;
+        }
+        assign_rows(&mut s.k[..rows * kv_dim], kv_dim, k);
+        assign_rows(&mut s.v[..rows * kv_dim], kv_dim, v);
+        s.rows = rows;
+        p.written[layer] = true;
+        Ok(())
+    }
+}
+
+/// The first positions a restore of `n` positions may give a window layer of `window`:
+/// from `n − min(n, w)` (the last `w` positions, what the ring retains after an append)
+/// to `n + 1 − w` (the `w − 1` positions a query at `n` sees, what remains after the last
+/// position was truncated).
+fn restore_range(n: usize, window: usize) -> RangeInclusive<usize> {
+    let first = n - n.min(window);
+    first..=(n + 1).saturating_sub(window).max(first)
+}
+
+impl KvStore for WindowKv {
+    fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+
+    fn kv_types(&self) -> (KvType, KvType) {
+        (KvType::F32, KvType::F32)
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The fewest positions any layer holds without allocating: the global layers'
+    /// capacity, and for a ring not yet at its full `min(w, max_ctx)` slots its slots (a
+    /// full ring holds any number of positions, `max_ctx`).
+    fn capacity(&self) -> usize {
+        let global = if self.rings.len() == self.geometry.n_layers {
+            self.max_ctx
+        } else {
+            self.global.capacity()
+        };
+        (0..self.rings.len())
+            .map(|r| {
+                let cap = self.ring_cap(r);
+                if cap >= self.rings[r].window.min(self.max_ctx) {
+                    self.max_ctx
+                } else {
+                    cap
+                }
+            })
+            .fold(global, usize::min)
+    }
+
+    fn bytes(&self) -> usize {
+        let rings: usize = self.rings.iter().map(Ring::bytes).sum();
+        let pending = self.pending.as_ref().map_or(0, |p| {
+            p.rings
+                .iter()
+                .map(|s| {
+                    let staging = (s.k.capacity() + s.v.capacity()) * mem::size_of::<f32>();
+                    staging + s.grown.as_ref().map_or(0, Ring::bytes)
+                })
+                .sum()
+        });
+        self.global.bytes() + rings + pending
+    }
+
+    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
+        match self.check_layer(layer)? {
+            Layer::Global(g) => self.global.view(g),
+            Layer::Window(r) => self.ring_view(layer, r),
+        }
+    }
+
+    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
+        self.open(at, n, false)
+    }
+
+    fn write(
+        &mut self,
+        layer: usize,
+        k: ArrayView2<'_, f32>,
+        v: ArrayView2<'_, f32>,
+    ) -> Result<(), KvError> {
+        if self.pending.is_none() {
+            return Err(KvError::NoAppend);
+        }
+        match self.check_layer(layer)? {
+            Layer::Global(g) => {
+                self.global.write(g, k, v)?;
+                if let Some(p) = &mut self.pending {
+                    p.written[layer] = true;
+                }
+                Ok(())
+            }
+            Layer::Window(r) => self.write_ring(layer, r, k, v),
+        }
+    }
+
+    fn commit(&mut self) -> Result<(), KvError> {
+        let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
+        if p.n > 0 {
+            if let Some(layer) = p.written.iter().position(|w| !w) {
+                return Err(KvError::Incomplete { layer });
+            }
+        }
+        self.global.commit()?;
+        let p = self.pending.take().expect("checked above");
+        let (at, end, kv_dim) = (p.at, p.at + p.n, self.kv_dim);
+        for (ring, staged) in self.rings.iter_mut().zip(p.rings) {
+            if let Some(grown) = staged.grown {
+                (ring.k, ring.v, ring.cap) = (grown.k, grown.v, grown.cap);
+            }
+            // Held after the commit: `base .. at` from before and `first .. end` pending
+            // (contiguous unless a restore), the last `cap` of them retained.
+            let base = if p.restore {
+                staged.first
+            } else {
+                ring.lo.min(at)
+            };
+            let lo = base.max(end.saturating_sub(ring.cap));
+            for pos in lo.max(staged.first)..end {
+                let (src, dst) = ((pos - staged.first) * kv_dim, (pos % ring.cap) * kv_dim);
+                ring.k[dst..dst + kv_dim].copy_from_slice(&staged.k[src..src + kv_dim]);
+                ring.v[dst..dst + kv_dim].copy_from_slice(&staged.v[src..src + kv_dim]);
+            }
+            ring.lo = lo;
+        }
+        self.len = end;
+        Ok(())
+    }
+
+    fn rollback(&mut self) {
+        self.global.rollback();
+        self.pending = None;
+    }
+
+    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
+        if n > 0 && n < self.len && !self.rings_hold(n) {
+            return Err(self.behind(n));
+        }
+        self.rollback();
+        self.global.truncate(n);
+        if n < self.len {
+            self.len = n;
+            for ring in &mut self.rings {
+                ring.lo = ring.lo.min(n);
+            }
+        }
+        Ok(())
+    }
+
+    fn can_rewind_to(&self, n: usize) -> bool {
+        n == self.len || n == 0 || (n < self.len && self.rings_hold(n))
+    }
+
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
+    }
+
+    fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
+        match self.window(layer) {
+            Some(w) => restore_range(n, w),
+            None => 0..=0,
+        }
+    }
+
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        self.open(0, n, true)
+    }
+
+    fn fork(&self) -> Result<Self, KvError> {
+        if self.pending.is_some() || self.global.is_open() {
+            return Err(KvError::AppendOpen);
+        }
+        let kv_dim = self.kv_dim;
+        let rings = self
+            .rings
+            .iter()
+            .map(|r| {
+                let mut k = zeroed(&self.gate, r.k.len())?;
+                let mut v = zeroed(&self.gate, r.v.len())?;
+                for (_, slot, slots) in r.runs(r.lo, self.len) {
+                    let span = slot * kv_dim..(slot + slots) * kv_dim;
+                    k[span.clone()].copy_from_slice(&r.k[span.clone()]);
+                    v[span.clone()].copy_from_slice(&r.v[span]);
+                }
+                Ok(Ring { k, v, ..*r })
+            })
+            .collect::<Result<_, KvError>>()?;
+        Ok(WindowKv {
+            windows: self.windows.clone(),
+            map: self.map.clone(),
+            global: self.global.fork()?,
+            rings,
+            gate: self.gate.clone(),
+            pending: None,
+            ..*self
+        })
+    }
+
+    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
+        Ok(Box::new(self.fork()?))
+    }
+}
+
+impl fmt::Debug for WindowKv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowKv")
+            .field("geometry", &self.geometry)
+            .field("max_ctx", &self.max_ctx)
+            .field("len", &self.len)
+            .field("windows", &self.windows)
+            .field("global", &self.global)
+            .field(
+                "rings",
+                &self
+                    .rings
+                    .iter()
+                    .map(|r| (r.window, r.cap, r.lo))
+                    .collect::<Vec<_>>(),
+            )
+            .field("append_open", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{Append, DenseKv};
+    use ndarray::Array2;
+
+    fn geometry(n_layers: usize, kv_dim: usize) -> KvGeometry {
+        KvGeometry {
+            n_layers,
+            n_kv_heads: 1,
+            head_dim: kv_dim,
+        }
+    }
+
+    /// The row every test writes for `(layer, pos)`: distinct bits per element.
+    fn row(layer: usize, pos: usize, kv_dim: usize, v: bool) -> Vec<f32> {
+        (0..kv_dim)
+            .map(|i| {
+                let tag = (layer * 100_000 + pos * 10 + i) as u32 + u32::from(v) * 5_000_000;
+                f32::from_bits(0x7fc0_0000 | tag)
+            })
+            .collect()
+    }
+
+    fn rows(layer: usize, at: usize, n: usize, kv_dim: usize, v: bool) -> Array2<f32> {
+        let flat: Vec<f32> = (at..at + n)
+            .flat_map(|p| row(layer, p, kv_dim, v))
+            .collect();
+        Array2::from_shape_vec((n, kv_dim), flat).unwrap()
+    }
+
+    /// Appends positions `at .. at + n` with [`row`]'s values on every layer.
+    fn append<K: KvStore>(kv: &mut K, at: usize, n: usize) -> Result<(), KvError> {
+        let g = kv.geometry();
+        let d = g.kv_dim();
+        let mut tx = Append::begin(kv, at, n)?;
+        for layer in 0..g.n_layers {
+            let (k, v) = (rows(layer, at, n, d, false), rows(layer, at, n, d, true));
+            tx.write(layer, k.view(), v.view())?;
+        }
+        tx.commit()
+    }
+
+    /// A layer's positions and key bits, in view order.
+    fn held(kv: &impl KvStore, layer: usize) -> (Vec<usize>, Vec<u32>, usize) {
+        let view = kv.view(layer).unwrap();
+        let bits = view
+            .segments()
+            .iter()
+            .flat_map(|s| match s.keys() {
+                KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            })
+            .collect();
+        (view.positions().collect(), bits, view.segments().len())
+    }
+
+    /// Checks that every layer holds [`row`]'s keys for exactly `positions`.
+    fn check(kv: &WindowKv, layer: usize, positions: std::ops::Range<usize>) {
+        let d = kv.geometry().kv_dim();
+        let (got, bits, _) = held(kv, layer);
+        assert_eq!(got, positions.clone().collect::<Vec<_>>(), "layer {layer}");
+        let want: Vec<u32> = positions
+            .flat_map(|p| row(layer, p, d, false))
+            .map(f32::to_bits)
+            .collect();
+        assert_eq!(bits, want, "layer {layer} keys");
+    }
+
+    fn ring_bytes(slots: usize, kv_dim: usize) -> usize {
+        2 * slots * kv_dim * 4
+    }
+
+    #[test]
+    fn rejects_bad_window_lists() {
+        let g = geometry(3, 2);
+        assert_eq!(
+            WindowKv::new(g, 10, &[None, Some(4)]).unwrap_err(),
+            KvError::WindowCount {
+                found: 2,
+                n_layers: 3
+            }
+        );
+        assert_eq!(
+            WindowKv::new(g, 10, &[None, Some(0), Some(1)]).unwrap_err(),
+            KvError::ZeroWindow { layer: 1 }
+        );
+        assert!(matches!(
+            WindowKv::new(g, usize::MAX / 4, &[None, None, Some(2)]),
+            Err(KvError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_ring_grows_by_doubling_to_its_window_then_wraps() {
+        let mut kv = WindowKv::new(geometry(2, 3), 10_000, &[Some(300), None]).unwrap();
+        assert_eq!(kv.layer_capacity(0), Some(64));
+        let mut caps = vec![64];
+        for pos in 0..1000 {
+            append(&mut kv, pos, 1).unwrap();
+            let cap = kv.layer_capacity(0).unwrap();
+            if cap != *caps.last().unwrap() {
+                caps.push(cap);
+            }
+            check(&kv, 0, (pos + 1).saturating_sub(300)..pos + 1);
+        }
+        assert_eq!(caps, [64, 128, 256, 300]);
+        assert_eq!(
+            kv.layer_capacity(1),
+            Some(1024),
+            "the global layer grows as GrowKv"
+        );
+        check(&kv, 1, 0..1000);
+        // 1000 mod 300 = 100: positions 700..1000 sit in slots 100..300 then 0..100.
+        let (positions, _, segments) = held(&kv, 0);
+        assert_eq!((positions[0], segments), (700, 2));
+    }
+
+    #[test]
+    fn window_layers_cost_the_same_at_512_and_at_30000_positions() {
+        let g = geometry(3, 4);
+        let windows = [Some(512), Some(512), None];
+        let mut kv = WindowKv::new(g, 32_768, &windows).unwrap();
+        append(&mut kv, 0, 512).unwrap();
+        let global = |kv: &WindowKv| ring_bytes(kv.layer_capacity(2).unwrap(), 4);
+        assert_eq!(kv.bytes(), 2 * ring_bytes(512, 4) + global(&kv));
+        let at_512 = kv.bytes() - global(&kv);
+        for at in (512..30_000).step_by(700) {
+            append(&mut kv, at, 700).unwrap();
+        }
+        assert_eq!(kv.bytes() - global(&kv), at_512, "the rings did not grow");
+        assert_eq!(kv.layer_capacity(2), Some(32_768));
+        let len = kv.len();
+        assert_eq!(len, 30_612);
+        check(&kv, 0, len - 512..len);
+        check(&kv, 1, len - 512..len);
+        check(&kv, 2, 0..len);
+        let dense = DenseKv::new(g, 32_768).unwrap();
+        assert!(kv.bytes() < dense.bytes());
+    }
+
+    #[test]
+    fn a_prefill_longer_than_the_window_is_visible_until_the_commit() {
+        let mut kv = WindowKv::new(geometry(1, 2), 1000, &[Some(8)]).unwrap();
+        append(&mut kv, 0, 5).unwrap();
+        let before = (kv.capacity(), kv.bytes(), held(&kv, 0));
+        kv.begin(5, 40).unwrap();
+        kv.write(
+            0,
+            rows(0, 5, 40, 2, false).view(),
+            rows(0, 5, 40, 2, true).view(),
+        )
+        .unwrap();
+        let (positions, _, _) = held(&kv, 0);
+        assert_eq!(positions, (0..45).collect::<Vec<_>>(), "every pending row");
+        kv.rollback();
+        assert_eq!((kv.capacity(), kv.bytes(), held(&kv, 0)), before);
+        append(&mut kv, 5, 40).unwrap();
+        check(&kv, 0, 37..45);
+        assert_eq!(kv.bytes(), ring_bytes(8, 2));
+    }
+
+    #[test]
+    fn rewinding_behind_the_window_is_refused_and_changes_nothing() {
+        let mut kv = WindowKv::new(geometry(2, 2), 1000, &[Some(4), None]).unwrap();
+        append(&mut kv, 0, 10).unwrap();
+        // Positions 6..10 retained: a query at 9 sees 6..=9, one at 8 would need 5.
+        assert!(kv.can_rewind_to(9) && kv.can_rewind_to(10) && kv.can_rewind_to(0));
+        assert!(!kv.can_rewind_to(8) && !kv.can_rewind_to(11));
+        let before = (
+            kv.len(),
+            kv.capacity(),
+            kv.bytes(),
+            held(&kv, 0),
+            held(&kv, 1),
+        );
+        let refused = KvError::BehindWindow {
+            pos: 8,
+            earliest: 9,
+        };
+        assert_eq!(kv.truncate(8), Err(refused.clone()));
+        assert_eq!(kv.begin(8, 2), Err(refused));
+        assert_eq!(
+            (
+                kv.len(),
+                kv.capacity(),
+                kv.bytes(),
+                held(&kv, 0),
+                held(&kv, 1)
+            ),
+            before
+        );
+        // An open append survives a refused truncate.
+        kv.begin(10, 1).unwrap();
+        assert!(kv.truncate(3).is_err());
+        assert_eq!(kv.commit(), Err(KvError::Incomplete { layer: 0 }));
+        kv.rollback();
+        // Replacing the last position works; afterwards only 3 positions remain.
+        append(&mut kv, 9, 1).unwrap();
+        check(&kv, 0, 6..10);
+        kv.truncate(9).unwrap();
+        check(&kv, 0, 6..9);
+        assert_eq!(
+            kv.truncate(8),
+            Err(KvError::BehindWindow {
+                pos: 8,
+                earliest: 9
+            })
+        );
+        assert_eq!(
+            kv.begin(8, 1),
+            Err(KvError::BehindWindow {
+                pos: 8,
+                earliest: 9
+            })
+        );
+        append(&mut kv, 9, 3).unwrap();
+        check(&kv, 0, 8..12);
+        check(&kv, 1, 0..12);
+        // Clearing is always possible and keeps capacity.
+        let cap = kv.capacity();
+        kv.truncate(0).unwrap();
+        assert_eq!((kv.len(), kv.capacity()), (0, cap));
+        append(&mut kv, 0, 3).unwrap();
+        check(&kv, 0, 0..3);
+        assert!(kv.can_rewind_to(1));
+    }
+
+    #[test]
+    fn a_tail_replacement_hides_the_replaced_positions() {
+        let mut kv = WindowKv::new(geometry(1, 2), 1000, &[Some(6)]).unwrap();
+        append(&mut kv, 0, 4).unwrap();
+        kv.begin(2, 3).unwrap();
+        let (k, v) = (
+            Array2::from_elem((3, 2), 7.0f32),
+            Array2::from_elem((3, 2), 8.0),
+        );
+        kv.write(0, k.view(), v.view()).unwrap();
+        let (positions, bits, _) = held(&kv, 0);
+        assert_eq!(positions, [0, 1, 2, 3, 4]);
+        assert_eq!(bits[4..], [7.0f32.to_bits(); 6]);
+        kv.commit().unwrap();
+        assert_eq!(kv.len(), 5);
+    }
+
+    #[test]
+    fn refused_allocations_change_nothing() {
+        #[derive(Debug)]
+        struct Refuse;
+        impl AllocGate for Refuse {
+            fn admit(&self, _: usize) -> bool {
+                false
+            }
+        }
+        let mut kv = WindowKv::new(geometry(2, 2), 1000, &[Some(100), None]).unwrap();
+        append(&mut kv, 0, 60).unwrap();
+        kv.set_alloc_gate(Some(Arc::new(Refuse)));
+        let before = (
+            kv.len(),
+            kv.capacity(),
+            kv.bytes(),
+            held(&kv, 0),
+            held(&kv, 1),
+        );
+        assert!(matches!(kv.begin(60, 1), Err(KvError::AllocFailed { .. })));
+        assert!(matches!(kv.fork(), Err(KvError::AllocFailed { .. })));
+        assert_eq!(
+            (
+                kv.len(),
+                kv.capacity(),
+                kv.bytes(),
+                held(&kv, 0),
+                held(&kv, 1)
+            ),
+            before
+        );
+        kv.set_alloc_gate(None);
+        let fork = kv.fork().unwrap();
+        assert_eq!(
+            (held(&fork, 0), held(&fork, 1)),
+            (held(&kv, 0), held(&kv, 1))
+        );
+        assert_eq!((fork.bytes(), fork.capacity()), (kv.bytes(), kv.capacity()));
+    }
+
+    #[test]
+    fn a_restore_takes_only_the_retained_rows() {
+        let mut kv = WindowKv::new(geometry(2, 2), 1000, &[Some(5), None]).unwrap();
+        append(&mut kv, 0, 3).unwrap();
+        assert_eq!(kv.restore_starts(0, 20), 15..=16);
+        assert_eq!(kv.restore_starts(0, 3), 0..=0);
+        assert_eq!(kv.restore_starts(1, 20), 0..=0);
+        kv.begin_restore(20).unwrap();
+        let wrong = rows(0, 0, 20, 2, false);
+        assert!(matches!(
+            kv.write(0, wrong.view(), wrong.view()),
+            Err(KvError::RowShape {
+                expected: (5, 2),
+                ..
+            })
+        ));
+        kv.write(
+            0,
+            rows(0, 16, 4, 2, false).view(),
+            rows(0, 16, 4, 2, true).view(),
+        )
+        .unwrap();
+        kv.write(
+            1,
+            rows(1, 0, 20, 2, false).view(),
+            rows(1, 0, 20, 2, true).view(),
+        )
+        .unwrap();
+        assert_eq!(held(&kv, 0).0, [16, 17, 18, 19]);
+        kv.commit().unwrap();
+        check(&kv, 0, 16..20);
+        check(&kv, 1, 0..20);
+        assert!(!kv.can_rewind_to(19) && kv.can_rewind_to(20));
+        append(&mut kv, 20, 2).unwrap();
+        check(&kv, 0, 17..22);
+    }
+}
