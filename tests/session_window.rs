@@ -1,5 +1,5 @@
 //! Sessions on a sliding-window store (`WindowKv`), end to end through the forward pass
-//! of a tiny random model:
+//! of a tiny random Gemma 3 model (window 8 on every layer):
 //! - with windows longer than the conversation the logits are bitwise a `GrowKv`
 //!   session's;
 //! - a new turn that diverges behind the rewind limit is prefilled again from position 0
@@ -37,14 +37,23 @@ fn model() -> Llama<Scalar> {
         seed: 17,
         untied_output: true,
     };
-    Llama::load(GgufFile::from_bytes(spec.to_gguf()).unwrap(), Scalar::new()).unwrap()
+    // A gemma3 file: every layer of three attends through a window of `WINDOW` (layer
+    // `l` is a window layer when `l % 6 < 5`), so stores keeping that window or more on
+    // any layer are exact for it (`Llama::forward` refuses a store whose window is
+    // smaller than the layer's).
+    Llama::load(
+        GgufFile::from_bytes(spec.to_gemma3_gguf(WINDOW)).unwrap(),
+        Scalar::new(),
+    )
+    .unwrap()
 }
 
 fn windowed(model: &Llama<Scalar>, windows: &[Option<usize>]) -> Session<WindowKv> {
     Session::new(WindowKv::new(model.kv_geometry(), CONTEXT, windows).unwrap())
 }
 
-/// Layers 0 and 1 windows of [`WINDOW`], layer 2 global (Gemma 3's pattern, smaller).
+/// The store keeps windows of [`WINDOW`] on layers 0 and 1 and every position on layer 2
+/// (exact too: it keeps more than the layer sees).
 const WINDOWS: [Option<usize>; 3] = [Some(WINDOW), Some(WINDOW), None];
 
 fn ids(n: usize, seed: u32) -> Vec<u32> {

@@ -56,9 +56,10 @@ impl fmt::Display for BackendChoice {
 /// A KV store by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvChoice {
-    /// `GrowKv`: grows on demand up to `--ctx`.
+    /// The model's growing store (`Llama::new_kv`): grows on demand up to `--ctx`;
+    /// `GrowKv`, or `WindowKv` for a model with sliding-window layers.
     Grow,
-    /// `DenseKv`: preallocates `--ctx` positions.
+    /// `DenseKv`: preallocates `--ctx` positions of every layer.
     Dense,
 }
 

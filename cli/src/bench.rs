@@ -15,7 +15,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Activations, Llama, Logits};
-use kvcore::{Backend, DenseKv, GrowKv, KvStore};
+use kvcore::{Backend, DenseKv, KvStore};
 use std::time::Instant;
 
 /// One measured test.
@@ -119,7 +119,7 @@ impl Job for BenchJob<'_> {
             // The store at this depth, prefilled once (untimed), in one pass.
             if at_depth.as_ref().map(|(d, _)| *d) != Some(depth) {
                 let mut kv: Box<dyn KvStore> = match self.plan.kv {
-                    KvChoice::Grow => Box::new(GrowKv::new(model.kv_geometry(), ctx)?),
+                    KvChoice::Grow => model.new_kv(ctx)?,
                     KvChoice::Dense => Box::new(DenseKv::new(model.kv_geometry(), ctx)?),
                 };
                 if depth > 0 {

@@ -11,7 +11,7 @@ use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams
 use kvcore::tokenizer::{
     ChatMessage, ChatTemplate, Special, StopMatcher, StreamDecoder, Tokenizer,
 };
-use kvcore::{Backend, DenseKv, GrowKv, KvStore, Session};
+use kvcore::{Backend, DenseKv, KvStore, Session};
 use kvcore_fetch as fetch;
 use std::cell::Cell;
 use std::io::{Read, Write};
@@ -226,10 +226,9 @@ impl StoreArgs {
         model: &Llama<B>,
         max_ctx: usize,
     ) -> anyhow::Result<Box<dyn KvStore>> {
-        let geometry = model.kv_geometry();
         Ok(match self.kv {
-            KvChoice::Grow => Box::new(GrowKv::new(geometry, max_ctx)?),
-            KvChoice::Dense => Box::new(DenseKv::new(geometry, max_ctx)?),
+            KvChoice::Grow => model.new_kv(max_ctx)?,
+            KvChoice::Dense => Box::new(DenseKv::new(model.kv_geometry(), max_ctx)?),
         })
     }
 

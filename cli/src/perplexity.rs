@@ -33,7 +33,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::model::perplexity::{Divergence, Perplexity, log_softmax};
 use kvcore::model::{Llama, Logits};
 use kvcore::tokenizer::Special;
-use kvcore::{Backend, DenseKv, GrowKv, KvStore};
+use kvcore::{Backend, DenseKv, KvStore};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -195,7 +195,7 @@ fn score_chunk<B: Backend>(
 ) -> anyhow::Result<kvcore::ndarray::Array2<f32>> {
     let geometry = model.kv_geometry();
     let mut kv: Box<dyn KvStore> = match args.kv {
-        crate::backends::KvChoice::Grow => Box::new(GrowKv::new(geometry, tokens.len())?),
+        crate::backends::KvChoice::Grow => model.new_kv(tokens.len())?,
         crate::backends::KvChoice::Dense => Box::new(DenseKv::new(geometry, tokens.len())?),
     };
     Ok(model.forward(&mut kv, tokens, Logits::All)?)

@@ -81,6 +81,20 @@ pub enum ModelError {
         /// The store's.
         found: KvGeometry,
     },
+    /// A KV store whose layer keeps only a window of positions the layer's attention
+    /// can see past (a causal layer, or a larger window).
+    #[error(
+        "KV store layer {layer} keeps only the last {store} positions, but the model's attention there sees {}",
+        match model { Some(w) => format!("{w}"), None => "every past position".to_string() }
+    )]
+    KvWindow {
+        /// The layer.
+        layer: usize,
+        /// The store's window.
+        store: usize,
+        /// The model's window on that layer (`None`: causal).
+        model: Option<usize>,
+    },
     /// An empty prompt or text where at least one token is needed.
     #[error("empty input")]
     EmptyInput,
