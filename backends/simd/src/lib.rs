@@ -36,7 +36,9 @@ mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
+use kvcore::backend::{
+    AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
+};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 use kvcore_scalar::Scalar;
@@ -172,13 +174,13 @@ impl Backend for Simd {
         Ok(())
     }
 
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
         dispatch!(
             self,
-            k => out.fill(x.len(), |(scales, sums, values)| {
-                kernel::Kernel::quantize_q8(k, x, scales, sums, values)
+            k => out.fill(layout, x.len(), |(scales, sums, values)| {
+                kernel::Kernel::quantize_q8(k, layout, x, scales, sums, values)
             })?,
-            scalar => out.quantize(x)?
+            scalar => out.quantize(layout, x)?
         );
         Ok(())
     }
