@@ -345,26 +345,29 @@ fn decode_block(dtype: DType, b: &[u8]) -> (f32, f64, [i32; QK]) {
     }
 }
 
+/// The `(scale, min)` integers of a super-block's sub-blocks (8 for `Q4_K`, 16 for
+/// `Q6_K`) and how many there are.
+type SubScales = ([(i32, i32); 16], usize);
+
 /// A K-format super-block decoded for the integer dot: `(d, dmin, quants, scales)` with
 /// `quants` the stored unsigned integers (`Q6_K`: minus 32) and, per sub-block of
 /// `dtype.block_len() / scales.len()` weights, the `(scale, min)` integers (`Q6_K`: min 0).
-fn decode_super_block(dtype: DType, b: &[u8]) -> (f32, f32, [i32; QK_K], Vec<(i32, i32)>) {
+fn decode_super_block(dtype: DType, b: &[u8]) -> (f32, f32, [i32; QK_K], SubScales) {
     let mut w = [0i32; QK_K];
     match dtype {
         DType::Q4_K => {
-            let scales: Vec<(i32, i32)> = (0..8)
-                .map(|t| {
-                    let (sc, m) = q4_k_scale_min(&b[4..16], t);
-                    (i32::from(sc), i32::from(m))
-                })
-                .collect();
+            let mut scales = [(0, 0); 16];
+            for (t, st) in scales.iter_mut().take(8).enumerate() {
+                let (sc, m) = q4_k_scale_min(&b[4..16], t);
+                *st = (i32::from(sc), i32::from(m));
+            }
             for (g, q) in b[16..144].chunks_exact(32).enumerate() {
                 for (l, &byte) in q.iter().enumerate() {
                     w[64 * g + l] = i32::from(byte & 15);
                     w[64 * g + 32 + l] = i32::from(byte >> 4);
                 }
             }
-            (f16_at(b, 0), f16_at(b, 2), w, scales)
+            (f16_at(b, 0), f16_at(b, 2), w, (scales, 8))
         }
         DType::Q6_K => {
             let (ql, qh) = (&b[..128], &b[128..192]);
@@ -378,11 +381,11 @@ fn decode_super_block(dtype: DType, b: &[u8]) -> (f32, f32, [i32; QK_K], Vec<(i3
                     }
                 }
             }
-            let scales = b[192..208]
-                .iter()
-                .map(|&s| (i32::from(s as i8), 0))
-                .collect();
-            (f16_at(b, 208), 0.0, w, scales)
+            let mut scales = [(0, 0); 16];
+            for (st, &s) in scales.iter_mut().zip(&b[192..208]) {
+                *st = (i32::from(s as i8), 0);
+            }
+            (f16_at(b, 208), 0.0, w, (scales, 16))
         }
         _ => unreachable!("checked by the caller"),
     }
@@ -414,8 +417,9 @@ pub fn row_terms<'a>(
                     scale.abs() * abs as f64 + offset.abs(),
                 );
             }
-            let (d, dmin, wq, scales) = decode_super_block(dtype, bytes);
-            let sub = block / scales.len();
+            let (d, dmin, wq, (scales, n_sub)) = decode_super_block(dtype, bytes);
+            let scales = &scales[..n_sub];
+            let sub = block / n_sub;
             let sums = &x.sums[b * block / Q8K_SUM..(b + 1) * block / Q8K_SUM];
             let (mut i, mut abs, mut mins, mut mins_abs) = (0i64, 0i64, 0i64, 0i64);
             for (t, &(sc, m)) in scales.iter().enumerate() {
