@@ -218,8 +218,9 @@ pub struct Distance {
     pub positions: usize,
 }
 
-/// Feeds every prompt's `prompt_ids + greedy_ids` through the one-token decode path of
-/// `model` (teacher forcing the reference tokens) and compares each position's logits
+/// Feeds every prompt's `prompt_ids + greedy_ids` (the first `limit` of them) through the
+/// one-token decode path of `model` (teacher forcing the reference tokens) and compares
+/// each position's logits
 /// with the reference entry. Asserts, at every position, every listed logit within `tol`
 /// and the reference's top-1 wherever its top-1 margin exceeds `safe_margin` (an error
 /// within `safe_margin / 2` could not flip it); returns the distances for the caller's
@@ -229,6 +230,7 @@ pub fn teacher_force<B: Backend>(
     prompts: &[Value],
     tol: f32,
     safe_margin: f64,
+    limit: usize,
 ) -> Distance {
     let c = model.config().clone();
     let name_b = model.backend().name();
@@ -243,7 +245,7 @@ pub fn teacher_force<B: Backend>(
         let positions = prompt["positions"].as_array().unwrap();
         assert_eq!(positions.len(), all.len());
         let mut kv = kvcore::GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
-        for (p, &id) in all.iter().enumerate() {
+        for (p, &id) in all.iter().enumerate().take(limit) {
             let logits = model
                 .forward(&mut kv, &[id], kvcore::model::Logits::Last)
                 .unwrap();

@@ -19,8 +19,8 @@
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
 //! | `rope`, `swiglu`, `geglu`, `softmax`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
-//! | `quantize_q8` | SIMD 8-bit quantiser, bit for bit the reference |
-//! | `gemv_q8` | integer dot products of the weight and activation bytes per block, one f32 FMA per block (`q8.rs`) |
+//! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
+//! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`) |
 //!
 //! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),
 //! activations stay f32, so results differ from [`kvcore_scalar::Scalar`] by rounding

@@ -8,7 +8,11 @@
 //!   `x·(1/d)` in f32 and `fcvtns` (`vcvtnq_s32_f32`: round to nearest, ties to even),
 //!   narrowed 32 → 16 → 8 bits (no value is out of range: `|q| ≤ 127`). The sum `Σq` in
 //!   i32. Bit for bit the reference quantiser; non-finite and tiny blocks take its special
-//!   cases.
+//!   cases. `Q8_K` (blocks of 256): the same with `iscale = −127/max` from the signed
+//!   maximum and `min(·, 127)`, sums per 16.
+//! - `gemv` of `Q5_0`: as `Q4_0` below with the fifth bits OR-ed into the nibbles and an
+//!   offset of 16; of `Q4_K` and `Q6_K` against `Q8_K`: `dot_q4_k`, `dot_q6_k` (each
+//!   documented there).
 //! - `gemv`: per row, per block: the integer dot `i = Σ_j w_j q_j` with widening byte
 //!   multiplies (`smull`/`smull2`, signed: `Q4_*`'s nibbles `0..16` are non-negative
 //!   bytes). `Q4_*`: the 16 packed bytes split into low nibbles (weights `0..16`, against

@@ -5,8 +5,11 @@
 //!   `vcvtps2dq` (round to nearest, ties to even, under the default MXCSR), packed to
 //!   bytes with saturating packs (no value saturates: `|q| ≤ 127`). The sum `Σq` in i32.
 //!   Bit for bit the reference quantiser; non-finite and tiny blocks take its special
-//!   cases.
-//! - `gemv`: per row, per block: the 32 weight quants in one 256-bit register (`Q4_*`:
+//!   cases. `Q8_K` (blocks of 256) likewise, with `iscale = −127/max` from the signed
+//!   maximum and `min(·, 127)` (`quantize_q8_k`).
+//! - `gemv` of the 32-weight formats (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`; the K formats are
+//!   `dot_q4_k` and `dot_q6_k`, each documented there): per row, per block: the 32
+//!   weight quants in one 256-bit register (`Q4_*`, `Q5_0` with its fifth bits OR-ed in:
 //!   the 16 packed bytes, low nibbles in the low half and high nibbles in the high half,
 //!   matching activations `0..16, 16..32`; `Q8_0`: the 32 bytes), against the 32
 //!   activation bytes with `vpmaddubsw` (unsigned × signed bytes, pairs summed to i16:
