@@ -261,7 +261,7 @@ impl Q8Acts {
 
 /// The scale of a block that takes a special case (module docs): `Some(NaN)` for a
 /// non-finite block, `Some(0)` for a tiny one, else `None`; with its `amax`.
-pub fn special_scale(x: &[f32]) -> (Option<f32>, f32) {
+fn special_scale(x: &[f32]) -> (Option<f32>, f32) {
     let finite = x.iter().all(|v| v.is_finite());
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let special = if !finite {

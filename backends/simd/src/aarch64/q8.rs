@@ -210,11 +210,13 @@ fn fifth_bits(h: u16) -> uint8x16_t {
 #[target_feature(enable = "neon")]
 fn dot_nibbles<const FMT: u8>(row: &[u8], x: &Q8Acts) -> f32 {
     let dtype = [DType::Q4_0, DType::Q4_1, DType::Q5_0][usize::from(FMT.min(2))];
-    let (bytes, qs) = match dtype {
-        DType::Q4_1 => (dtype.block_bytes(), 4),
-        DType::Q5_0 => (dtype.block_bytes(), 6),
-        _ => (dtype.block_bytes(), 2),
+    // Where the packed nibbles start.
+    let qs = match dtype {
+        DType::Q4_1 => 4,
+        DType::Q5_0 => 6,
+        _ => 2,
     };
+    let bytes = dtype.block_bytes();
     assert_eq!(row.len(), x.scales().len() * bytes);
     let mask = vdupq_n_u8(15);
     let mut acc = vdupq_n_f32(0.0);

@@ -29,6 +29,7 @@
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
 use super::dot::{hsum, load};
+use super::kquant::f16_at;
 use kvcore::backend::q8::Q8_MAX;
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
 use std::arch::x86_64::*;
@@ -399,17 +400,6 @@ fn dot_q6_k(row: &[u8], x: &Q8Acts) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
-}
-
-/// The little-endian f16 at `b[at..at + 2]`, widened with F16C (exact).
-///
-/// # Panics
-/// If `b.len() < at + 2`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    let bits = i32::from(u16::from_le_bytes([b[at], b[at + 1]]));
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }
 
 /// One row of `Q8_0` against `x` (module docs).
