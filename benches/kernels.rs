@@ -30,7 +30,7 @@ use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
     criterion_main,
 };
-use kvcore::backend::{AttnParams, Backend, DType, Q8Acts, Weights, q8};
+use kvcore::backend::{AttnParams, Backend, DType, Q8Acts, Q8Layout, Weights, q8};
 use kvcore::kv::KvView;
 use kvcore::ndarray::Array3;
 use kvcore_rayon::Rayon;
@@ -146,7 +146,8 @@ fn gemv_q8(c: &mut Criterion) {
             let bytes = matrix(dtype, rows, cols);
             let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
             let x = values(cols, 2);
-            let xq = Q8Acts::from_f32(&x).expect("whole blocks");
+            let layout = Q8Layout::of(dtype).expect("8-bit path");
+            let xq = Q8Acts::from_f32(layout, &x).expect("whole blocks");
             let mut y = vec![0.0f32; rows];
             group.throughput(Throughput::Bytes(bytes.len() as u64));
             for be in b.each() {
@@ -167,13 +168,22 @@ fn gemv_q8(c: &mut Criterion) {
     }
     let mut group = c.benchmark_group("quantize_q8");
     configure(&mut group);
-    for n in [576, 1536] {
+    for (layout, n) in [
+        (Q8Layout::Q8_0, 576),
+        (Q8Layout::Q8_0, 1536),
+        (Q8Layout::Q8_K, 1024),
+        (Q8Layout::Q8_K, 2048),
+    ] {
         let x = values(n, 3);
         let mut out = Q8Acts::new();
         group.throughput(Throughput::Elements(n as u64));
         for be in [&b.scalar as &dyn Backend, &b.simd] {
-            group.bench_function(BenchmarkId::new(be.name(), n), |bench| {
-                bench.iter(|| be.quantize_q8(black_box(&x), &mut out).expect("quantize"))
+            let id = BenchmarkId::new(format!("{}-{layout:?}", be.name()), n);
+            group.bench_function(id, |bench| {
+                bench.iter(|| {
+                    be.quantize_q8(layout, black_box(&x), &mut out)
+                        .expect("quantize")
+                })
             });
         }
     }

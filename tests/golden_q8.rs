@@ -29,8 +29,8 @@
 mod common;
 
 use common::*;
-use kvcore::model::{Activations, Logits};
-use kvcore::{Backend, GrowKv};
+use kvcore::Backend;
+use kvcore::model::Activations;
 
 const TOL_Q8: f32 = 3.0;
 const MEAN_TOL_Q8: f64 = 0.35;
@@ -41,65 +41,18 @@ struct GoldenQ8;
 impl PerBackend for GoldenQ8 {
     fn run<B: Backend>(&self, backend: B) {
         let model = load_smollm2(backend).with_activations(Activations::Q8);
-        let c = model.config().clone();
+        let d = teacher_force(&model, reference_logits(), TOL_Q8, SAFE_MARGIN, usize::MAX);
         let name_b = model.backend().name();
-        let (mut worst, mut sum, mut count) = (0.0f32, 0.0f64, 0usize);
-        let (mut agree, mut positions_seen) = (0usize, 0usize);
-        for prompt in reference_logits() {
-            let name = prompt["name"].as_str().unwrap();
-            let all: Vec<u32> = ids(&prompt["prompt_ids"])
-                .into_iter()
-                .chain(ids(&prompt["greedy_ids"]))
-                .collect();
-            let positions = prompt["positions"].as_array().unwrap();
-            let mut kv = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
-            for (p, &id) in all.iter().enumerate() {
-                let logits = model.forward(&mut kv, &[id], Logits::Last).unwrap();
-                let row = logits.row(0);
-                let reference = &positions[p];
-                let top = reference["top"].as_array().unwrap();
-                for pair in top {
-                    let tid = pair[0].as_u64().unwrap() as usize;
-                    let want = pair[1].as_f64().unwrap() as f32;
-                    let diff = (row[tid] - want).abs();
-                    assert!(
-                        diff <= TOL_Q8,
-                        "{name_b} {name} position {p} token {tid}: logit {} vs reference {want} (|diff| {diff} > {TOL_Q8})",
-                        row[tid]
-                    );
-                    worst = worst.max(diff);
-                    sum += f64::from(diff);
-                    count += 1;
-                }
-                let argmax = row
-                    .iter()
-                    .enumerate()
-                    .fold(
-                        (0, f32::NEG_INFINITY),
-                        |a, (i, &v)| if v > a.1 { (i, v) } else { a },
-                    )
-                    .0;
-                let ref_top = top[0][0].as_u64().unwrap() as usize;
-                let margin = reference["margin"].as_f64().unwrap();
-                assert!(
-                    argmax == ref_top || margin <= SAFE_MARGIN,
-                    "{name_b} {name} position {p}: top-1 {argmax} vs reference {ref_top} at margin {margin}"
-                );
-                agree += usize::from(argmax == ref_top);
-                positions_seen += 1;
-            }
-        }
-        let mean = sum / count as f64;
-        eprintln!(
-            "{name_b} q8: worst |logit - reference| {worst:.3}, mean {mean:.3}, top-1 agrees at {agree}/{positions_seen} positions"
+        assert!(
+            d.mean <= MEAN_TOL_Q8,
+            "{name_b}: mean |diff| {} > {MEAN_TOL_Q8}",
+            d.mean
         );
         assert!(
-            mean <= MEAN_TOL_Q8,
-            "{name_b}: mean |diff| {mean} > {MEAN_TOL_Q8}"
-        );
-        assert!(
-            agree * 20 >= positions_seen * 19,
-            "{name_b}: top-1 agrees at only {agree}/{positions_seen} positions"
+            d.agree * 20 >= d.positions * 19,
+            "{name_b}: top-1 agrees at only {}/{} positions",
+            d.agree,
+            d.positions
         );
     }
 }

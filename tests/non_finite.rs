@@ -26,7 +26,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use half::f16;
-use kvcore::backend::Q8Acts;
+use kvcore::backend::{Q8Acts, Q8Layout};
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling};
 use kvcore::ndarray::Array3;
@@ -171,8 +171,16 @@ fn a_nan_block_scale_makes_its_row_nan() {
 
 #[test]
 fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
-    let (rows, cols) = (5, 96);
-    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+    let (rows, cols) = (5, 512);
+    for dtype in [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        let layout = Q8Layout::of(dtype).unwrap();
         let w = values(rows * cols, 6);
         let mut bytes: Vec<u8> = (0..rows)
             .flat_map(|r| kvcore_scalar::quant::quantize_row(dtype, &w[r * cols..(r + 1) * cols]))
@@ -182,7 +190,7 @@ fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
             let run = |bytes: &[u8], x: &[f32]| {
                 let wv = Weights::new(dtype, rows, cols, bytes).unwrap();
                 let mut xq = Q8Acts::new();
-                b.quantize_q8(x, &mut xq).unwrap();
+                b.quantize_q8(layout, x, &mut xq).unwrap();
                 let mut y = vec![0.0; rows];
                 b.gemv_q8(&wv, &xq, &mut y).unwrap();
                 y
@@ -205,7 +213,11 @@ fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
                 );
             }
             let r = 3;
-            let at = r * dtype.row_bytes(cols).unwrap() + 2 * dtype.block_bytes();
+            // The scale `d` of the row's third block (its last, for the K formats):
+            // `Q6_K` stores it at the block's end.
+            let block = 2.min(cols / dtype.block_len() - 1);
+            let d_at = if dtype == DType::Q6_K { 208 } else { 0 };
+            let at = r * dtype.row_bytes(cols).unwrap() + block * dtype.block_bytes() + d_at;
             let saved = bytes.clone();
             bytes[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
             let y = run(&bytes, &x);

@@ -13,7 +13,7 @@ use kvcore_test_support::conformance::cases::{
     Add, Attention, AttnShape, Case, Embed, Geglu, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax,
     Swiglu,
 };
-use kvcore_test_support::conformance::model::MATMUL_SHAPES;
+use kvcore_test_support::conformance::model::{GEMMA3_MATMULS, MATMUL_SHAPES};
 use kvcore_test_support::conformance::oracle::bits;
 use kvcore_test_support::conformance::strategy::*;
 use proptest::prelude::*;
@@ -62,6 +62,13 @@ fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
         }
     }
     same_bits(inner, pools, &GemvQ8::new(DType::Q8_0, 49152, 576, 0xb17));
+    for (k, &(dtype, rows, cols)) in GEMMA3_MATMULS.iter().enumerate() {
+        same_bits(
+            inner,
+            pools,
+            &GemvQ8::new(dtype, rows, cols, 0x99 + k as u64),
+        );
+    }
 }
 
 fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {

@@ -168,3 +168,38 @@ fn attention_that_sees_no_key_is_zeros() {
         assert_eq!(bits(&case.run(&B)), vec![0; 2 * 2 * hd]);
     }
 }
+
+/// The 8-bit-activation reference (`q8::gemv_reference`, the integer-dot formula of every
+/// format with an 8-bit path) against an independent computation of the same value: the
+/// oracle's f64 weight decoder dotted in f64 with the dequantised activations
+/// `Q8Acts::dequantize`. The two differ only by the rounding of each decoded weight
+/// (`Q4_K`'s subtraction, `≤ u·mag`) and of each `d·q` (`≤ u`) to f32, and the reference's
+/// final rounding: `2u·Σ mag_j·|x̂_j| + u·|y| + TINY`. A wrong nibble order, fifth bit,
+/// scale or dropped minimum term misses by far more.
+#[test]
+fn q8_formula_equals_the_dequantised_dot() {
+    use kvcore::backend::{Q8Acts, Q8Layout, q8};
+    use kvcore_test_support::conformance::decode::dot_f64;
+    use kvcore_test_support::conformance::inputs::{Matrix, Rng};
+    use kvcore_test_support::conformance::oracle::{TINY, U};
+    for dtype in DType::ALL.into_iter().filter(|&d| q8::supports(d)) {
+        let mut rng = Rng::new(0x9e1 + u64::from(dtype.ggml_type()));
+        let (rows, cols) = (9, 4 * kvcore::backend::QK_K);
+        let m = Matrix::random(dtype, rows, cols, &mut rng);
+        let x = rng.values(cols);
+        let layout = Q8Layout::of(dtype).unwrap();
+        let xq = Q8Acts::from_f32(layout, &x).unwrap();
+        let xd = xq.dequantize();
+        let mut y = vec![0.0f32; rows];
+        q8::gemv_reference(&m.weights(), &xq, &mut y).unwrap();
+        for (r, &yr) in y.iter().enumerate() {
+            let (want, mag) = dot_f64(&m.row(r), &xd);
+            let tol = 2.0 * U * mag + U * f64::from(yr).abs() + TINY;
+            let diff = (f64::from(yr) - want).abs();
+            assert!(
+                diff <= tol,
+                "{dtype} row {r}: {yr} vs {want} (|diff| {diff:e} > {tol:e})"
+            );
+        }
+    }
+}

@@ -154,6 +154,26 @@ impl DType {
     }
 }
 
+/// The 6-bit `(scale, min)` of sub-block `t` (`0..8`) of a `Q4_K` super-block from its 12
+/// packed scale bytes (llama.cpp's `get_scale_min_k4`): for `t < 4`
+/// `sc = scales[t] & 63`, `m = scales[t + 4] & 63`; for `t ≥ 4`
+/// `sc = (scales[t + 4] & 15) | (scales[t − 4] >> 6) << 4`,
+/// `m = (scales[t + 4] >> 4) | (scales[t] >> 6) << 4`. Every decoder and kernel takes it
+/// from here.
+///
+/// # Panics
+/// If `scales.len() < 12` or `t >= 8`.
+pub fn q4_k_scale_min(scales: &[u8], t: usize) -> (u8, u8) {
+    if t < 4 {
+        (scales[t] & 63, scales[t + 4] & 63)
+    } else {
+        (
+            (scales[t + 4] & 15) | (scales[t - 4] >> 6) << 4,
+            (scales[t + 4] >> 4) | (scales[t] >> 6) << 4,
+        )
+    }
+}
+
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -17,8 +17,8 @@ mod dtype;
 pub mod q8;
 mod shape;
 
-pub use dtype::{DType, QK, QK_K};
-pub use q8::Q8Acts;
+pub use dtype::{DType, QK, QK_K, q4_k_scale_min};
+pub use q8::{Q8Acts, Q8Layout};
 pub use shape::{ShapeError, check};
 
 use std::ops::Range;
@@ -237,19 +237,20 @@ pub trait Backend: Send + Sync {
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`. Accumulates in f32.
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError>;
 
-    /// Quantises activations to 8 bits for [`gemv_q8`](Backend::gemv_q8): `out ← q8(x)`,
-    /// bit for bit as the reference [`Q8Acts::quantize`] (see [`q8`]). `x.len()` must be
-    /// a multiple of 32. The default is the reference; a backend's own quantiser writes
-    /// through [`Q8Acts::fill`], which derives the rest.
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        out.quantize(x)
+    /// Quantises activations to 8 bits in `layout` for [`gemv_q8`](Backend::gemv_q8):
+    /// `out ← q8(x)`, bit for bit as the reference [`Q8Acts::quantize`] (see [`q8`]).
+    /// `x.len()` must be a multiple of the layout's block. The default is the reference;
+    /// a backend's own quantiser writes through [`Q8Acts::fill`], which derives the rest.
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        out.quantize(layout, x)
     }
 
     /// GEMV with 8-bit activations, llama.cpp's decode numerics: `y ← W x̂` for a
-    /// block-quantised `w` (`Q8_0`, `Q4_0`, `Q4_1`) and `x̂` from
-    /// [`quantize_q8`](Backend::quantize_q8), with integer block dot products (see [`q8`]).
-    /// Plain-format weights are [`ShapeError::Unsupported`]. The default is the reference
-    /// [`q8::gemv_reference`].
+    /// block-quantised `w` and `x̂` from [`quantize_q8`](Backend::quantize_q8) in the
+    /// layout `w`'s format meets ([`Q8Layout::of`]: `Q8_0` for `Q8_0`, `Q4_0`, `Q4_1`,
+    /// `Q5_0`; `Q8_K` for `Q4_K`, `Q6_K`), with integer block dot products (see [`q8`]).
+    /// Plain-format weights and activations in the other layout are
+    /// [`ShapeError::Unsupported`]. The default is the reference [`q8::gemv_reference`].
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
         q8::gemv_reference(w, x, y)
     }
@@ -337,8 +338,8 @@ impl<B: Backend + ?Sized> Backend for &B {
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemv(w, x, y)
     }
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        (**self).quantize_q8(x, out)
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        (**self).quantize_q8(layout, x, out)
     }
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemv_q8(w, x, y)

@@ -1,38 +1,65 @@
 //! 8-bit activations: llama.cpp's decode numerics for block-quantised weights.
 //!
-//! The f32 GEMV decodes every 4- or 8-bit weight to f32 and multiplies it by an f32
-//! activation. llama.cpp instead quantises the activation vector too, to 8 bits per value
-//! in blocks of 32 (its `Q8_0`/`Q8_1`), so that each weight block meets its activation
-//! block in an integer dot product (`vpmaddubsw` on x86, `sdot`/`smull` on Arm) and
-//! only one f32 multiply-add per block remains. It is faster and less accurate: the
-//! activation rounding error is up to `amax/254` per value (about 0.4 % of the block's
-//! largest magnitude), where the f32 path's is `2^-24` relative.
+//! The f32 GEMV decodes every 4- to 8-bit weight to f32 and multiplies it by an f32
+//! activation. llama.cpp instead quantises the activation vector too, to 8 bits per value,
+//! so that each weight block meets its activation block in an integer dot product
+//! (`vpmaddubsw` on x86, `smull` on Arm) and only one or two f32 multiply-adds per block
+//! remain. It is faster and less accurate: the activation rounding error is up to half a
+//! step, `amax/254` per value (about 0.4 % of the block's largest magnitude), where the
+//! f32 path's is `2^-24` relative.
 //!
 //! kvcore offers it as an opt-in (`Llama::with_activations`, `--activations q8`).
 //!
-//! ## Quantisation of one block of 32 activations `x`
+//! ## Two activation layouts ([`Q8Layout`])
+//! Each weight format meets the activation layout whose block it divides
+//! ([`Q8Layout::of`], llama.cpp's `vec_dot_type`):
+//!
+//! | layout | block | sums `s` over | weight formats |
+//! |--------|-------|---------------|----------------|
+//! | `Q8_0` | [`QK`] = 32 | the block (32) | `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0` |
+//! | `Q8_K` | [`QK_K`] = 256 | each [`Q8K_SUM`] = 16 values (llama.cpp's `bsums`) | `Q4_K`, `Q6_K` |
+//!
+//! The geometry is stated here once ([`Q8Layout::block_len`], [`Q8Layout::sum_len`]);
+//! the quantisers, the reference GEMV and the kernels take it from there.
+//!
+//! ## Quantisation of one block `x`
+//! `Q8_0` (llama.cpp's `quantize_row_q8_0`, with ties to even):
 //! ```text
 //! amax = max_j |x_j|,  d = amax / 127  (f32, rounded)
 //! q_j  = round_ties_even(x_j · (1/d))  ∈ [-127, 127]   (1/d and the product each rounded)
-//! s    = Σ_j q_j                                        (exact, i32)
 //! ```
+//! `Q8_K` (llama.cpp's `quantize_row_q8_K_ref`):
+//! ```text
+//! max  = the first x_j of largest |x_j| (signed)
+//! iscale = −127 / max,  q_j = min(127, round_ties_even(iscale · x_j)),  d = 1 / iscale
+//! ```
+//! (`d` is negative when `max` is positive; `d·q_j` has the sign of `x_j` either way.) In
+//! both, `s = Σ q_j` over each sum group, exact in i32.
+//!
 //! Special cases, so that nothing is silently lost and nothing is undefined:
 //! - a block holding a NaN or an infinity gets `d = NaN`, `q = 0`, `s = 0`: every output
 //!   of a GEMV that reads it is then NaN (the f32 path would give NaN or ±inf);
-//! - a block whose `d` would be below `f32::MIN_POSITIVE` (all `|x| < 1.5e-36`,
-//!   including all zeros) gets `d = 0`, `q = 0`: `1/d` would overflow.
+//! - a block with `amax / 127 < f32::MIN_POSITIVE` (all `|x| < 1.5e-36`, including all
+//!   zeros) gets `d = 0`, `q = 0`: `1/d` or `iscale` would overflow.
 //!
 //! Rounding is to nearest, ties to even, which is what a SIMD float-to-int conversion
-//! does (`vcvtps2dq`, `fcvtns`), so a vector quantiser gives the same bits as
-//! [`Q8Acts::quantize`].
+//! does (`vcvtps2dq`, `fcvtns`) and what llama.cpp's `nearest_int` does, so a vector
+//! quantiser gives the same bits as [`Q8Acts::quantize`].
 //!
 //! ## The GEMV `y = W·x̂` (`x̂_j = d·q_j`)
-//! For weight block `b` of a row (scale `d_w`, quants `w_j`) against activation block `b`
-//! (scale `d_a`, quants `q_j`, sum `s`), with the integer dot `i = Σ_j w_j q_j` (exact:
-//! `|i| ≤ 32·128·127 < 2^24`, so also exact as f32):
-//! - `Q8_0`: `d_w·d_a·i`;
+//! For weight block `b` of a row against activation block `b` (scale `d_a`, quants `q_j`,
+//! sums `s`), with exact integer dot products:
+//! - `Q8_0` (scale `d_w`, quants `w_j`), `i = Σ_j w_j q_j`: `d_w·d_a·i`;
 //! - `Q4_0` (`w_j ∈ 0..16`, value `d_w·(w_j − 8)`): `d_w·d_a·i + (−8·d_w)·(d_a·s)`;
-//! - `Q4_1` (value `d_w·w_j + m`): `d_w·d_a·i + m·(d_a·s)`.
+//! - `Q4_1` (value `d_w·w_j + m`): `d_w·d_a·i + m·(d_a·s)`;
+//! - `Q5_0` (`w_j ∈ 0..32`, value `d_w·(w_j − 16)`): `d_w·d_a·i + (−16·d_w)·(d_a·s)`
+//!   (llama.cpp's `ggml_vec_dot_q5_0_q8_0`);
+//! - `Q4_K` (`d`, `dmin`, sub-block `t` of 32 with 6-bit `(sc_t, m_t)`, value
+//!   `d·sc_t·w − dmin·m_t`; llama.cpp's `ggml_vec_dot_q4_K_q8_K`):
+//!   `d·d_a·Σ_t sc_t·i_t − dmin·d_a·Σ_t m_t·(s_2t + s_2t+1)`, `i_t` the sub-block's dot,
+//!   the minimums through the sums of 16;
+//! - `Q6_K` (`d`, sub-block `t` of 16 with scale `sc_t`, value `d·sc_t·(w − 32)`;
+//!   `ggml_vec_dot_q6_K_q8_K`): `d·d_a·Σ_t sc_t·Σ_{j∈t} (w_j − 32)·q_j`.
 //!
 //! [`gemv_reference`] sums these terms in f64 and rounds once, so it is the exact value
 //! of the formula; a fast kernel sums them in f32 in its own order and is held to a
@@ -40,27 +67,70 @@
 //! have no integer path: [`gemv_reference`] refuses them, and the model keeps those
 //! matrices on the f32 GEMV.
 
-use super::{DType, QK, ShapeError, Weights};
+use super::{DType, QK, QK_K, ShapeError, Weights, q4_k_scale_min};
 use half::f16;
 
 /// The largest quantised magnitude.
 pub const Q8_MAX: f32 = 127.0;
 
-/// A vector of activations quantised to 8 bits in blocks of [`QK`] = 32 (see the module
+/// Values per sum of the `Q8_K` layout (llama.cpp's `bsums`): `Q6_K`'s sub-block.
+pub const Q8K_SUM: usize = 16;
+
+/// The block layout of a vector of 8-bit activations (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types, reason = "the ggml names of the formats")]
+pub enum Q8Layout {
+    /// Blocks of 32 with one sum each: the legacy formats' partner.
+    #[default]
+    Q8_0,
+    /// Blocks of 256 with a sum per 16: the K formats' partner.
+    Q8_K,
+}
+
+impl Q8Layout {
+    /// Values per block (one scale each).
+    pub const fn block_len(self) -> usize {
+        match self {
+            Q8Layout::Q8_0 => QK,
+            Q8Layout::Q8_K => QK_K,
+        }
+    }
+
+    /// Values per sum `s`.
+    pub const fn sum_len(self) -> usize {
+        match self {
+            Q8Layout::Q8_0 => QK,
+            Q8Layout::Q8_K => Q8K_SUM,
+        }
+    }
+
+    /// The layout `dtype`'s blocks meet in [`gemv_reference`], or `None` for a format
+    /// without an integer path (the plain formats).
+    pub const fn of(dtype: DType) -> Option<Q8Layout> {
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => Some(Q8Layout::Q8_0),
+            DType::Q4_K | DType::Q6_K => Some(Q8Layout::Q8_K),
+            _ => None,
+        }
+    }
+}
+
+/// A vector of activations quantised to 8 bits in one [`Q8Layout`] (see the module
 /// docs). Reused between calls: quantising into it only reallocates when it grows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Q8Acts {
+    layout: Q8Layout,
     scales: Vec<f32>,
     sums: Vec<i32>,
     values: Vec<i8>,
-    /// `[d, d·s]` per block (f32, `d·s` rounded once), interleaved: derived by
-    /// [`fill`](Q8Acts::fill) for the kernels' block offset terms.
+    /// `Q8_0` only: `[d, d·s]` per block (f32, `d·s` rounded once), interleaved: derived
+    /// by [`fill`](Q8Acts::fill) for the kernels' block offset terms.
     pairs: Vec<f32>,
 }
 
 /// Whether `dtype` has an 8-bit-activation GEMV ([`gemv_reference`], `Backend::gemv_q8`).
 pub fn supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+    Q8Layout::of(dtype).is_some()
 }
 
 /// The buffers of a [`Q8Acts`] for a quantiser to fill: `(scales, sums, values)`
@@ -73,12 +143,17 @@ impl Q8Acts {
         Q8Acts::default()
     }
 
-    /// Quantises `x` with the reference quantiser: `Q8Acts::new()` then
+    /// Quantises `x` in `layout` with the reference quantiser: `Q8Acts::new()` then
     /// [`quantize`](Self::quantize).
-    pub fn from_f32(x: &[f32]) -> Result<Self, ShapeError> {
+    pub fn from_f32(layout: Q8Layout, x: &[f32]) -> Result<Self, ShapeError> {
         let mut q = Q8Acts::new();
-        q.quantize(x)?;
+        q.quantize(layout, x)?;
         Ok(q)
+    }
+
+    /// The block layout.
+    pub fn layout(&self) -> Q8Layout {
+        self.layout
     }
 
     /// Number of activations.
@@ -91,12 +166,12 @@ impl Q8Acts {
         self.values.is_empty()
     }
 
-    /// Per-block scales `d`, `[len / 32]`.
+    /// Per-block scales `d`, `[len / block_len]`.
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
 
-    /// Per-block sums `s = Σ q`, `[len / 32]`.
+    /// The sums `s = Σ q`, one per [`Q8Layout::sum_len`] values, `[len / sum_len]`.
     pub fn sums(&self) -> &[i32] {
         &self.sums
     }
@@ -109,85 +184,127 @@ impl Q8Acts {
     /// The value each activation now stands for, `d·q` (f32), for tests and reports.
     pub fn dequantize(&self) -> Vec<f32> {
         self.values
-            .chunks_exact(QK)
+            .chunks_exact(self.layout.block_len())
             .zip(&self.scales)
             .flat_map(|(q, &d)| q.iter().map(move |&v| d * f32::from(v)))
             .collect()
     }
 
-    /// Per block the pair `[d, d·s]` (`d·s` rounded to f32 once), interleaved,
-    /// `[2·len/32]`: the factors of a `Q4_*` block's offset term, computed once per
-    /// quantisation rather than once per matrix row.
+    /// `Q8_0`: per block the pair `[d, d·s]` (`d·s` rounded to f32 once), interleaved,
+    /// `[2·len/32]`: the factors of a block's offset term, computed once per quantisation
+    /// rather than once per matrix row. Empty for `Q8_K`.
     pub fn scale_pairs(&self) -> &[f32] {
         &self.pairs
     }
 
-    /// Sizes the buffers for `len` activations, has `quantize` fill them —
-    /// `(scales, sums, values)`, `[len/32]`, `[len/32]`, `[len]` — and derives
-    /// [`scale_pairs`](Self::scale_pairs). A backend's own quantiser runs through this;
-    /// it must fill every entry exactly as [`quantize`](Self::quantize) would.
+    /// Sizes the buffers for `len` activations in `layout`, has `quantize` fill them —
+    /// `(scales, sums, values)`, `[len/block_len]`, `[len/sum_len]`, `[len]` — and
+    /// derives [`scale_pairs`](Self::scale_pairs). A backend's own quantiser runs through
+    /// this; it must fill every entry exactly as [`quantize`](Self::quantize) would.
     ///
-    /// Errors when `len` is not a multiple of 32 (before calling `quantize`).
+    /// Errors when `len` is not a multiple of the layout's block (before calling
+    /// `quantize`).
     pub fn fill(
         &mut self,
+        layout: Q8Layout,
         len: usize,
         quantize: impl FnOnce(Q8Buffers<'_>),
     ) -> Result<(), ShapeError> {
-        if !len.is_multiple_of(QK) {
+        let block = layout.block_len();
+        if !len.is_multiple_of(block) {
             return Err(ShapeError::NotMultiple {
                 what: "q8 activations",
                 len,
-                multiple: QK,
+                multiple: block,
             });
         }
-        self.scales.resize(len / QK, 0.0);
-        self.sums.resize(len / QK, 0);
+        self.layout = layout;
+        self.scales.resize(len / block, 0.0);
+        self.sums.resize(len / layout.sum_len(), 0);
         self.values.resize(len, 0);
         quantize((&mut self.scales, &mut self.sums, &mut self.values));
         self.pairs.clear();
-        self.pairs.extend(
-            self.scales
-                .iter()
-                .zip(&self.sums)
-                .flat_map(|(&d, &s)| [d, d * s as f32]),
-        );
+        if layout == Q8Layout::Q8_0 {
+            self.pairs.extend(
+                self.scales
+                    .iter()
+                    .zip(&self.sums)
+                    .flat_map(|(&d, &s)| [d, d * s as f32]),
+            );
+        }
         Ok(())
     }
 
     /// The reference quantiser: every block of `x` as in the module docs.
     ///
-    /// Errors when `x.len()` is not a multiple of 32.
-    pub fn quantize(&mut self, x: &[f32]) -> Result<(), ShapeError> {
-        self.fill(x.len(), |(scales, sums, values)| {
+    /// Errors when `x.len()` is not a multiple of the layout's block.
+    pub fn quantize(&mut self, layout: Q8Layout, x: &[f32]) -> Result<(), ShapeError> {
+        let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
+        self.fill(layout, x.len(), |(scales, sums, values)| {
             for (((xb, qb), d), s) in x
-                .chunks_exact(QK)
-                .zip(values.chunks_exact_mut(QK))
+                .chunks_exact(block)
+                .zip(values.chunks_exact_mut(block))
                 .zip(scales.iter_mut())
-                .zip(sums.iter_mut())
+                .zip(sums.chunks_exact_mut(per))
             {
-                (*d, *s) = quantize_block(xb, qb);
+                *d = match layout {
+                    Q8Layout::Q8_0 => quantize_block(xb, qb),
+                    Q8Layout::Q8_K => quantize_block_k(xb, qb),
+                };
+                for (sj, qj) in s.iter_mut().zip(qb.chunks_exact(layout.sum_len())) {
+                    *sj = qj.iter().map(|&v| i32::from(v)).sum();
+                }
             }
         })
     }
 }
 
-/// Quantises one block `x: [32]` into `q`, returning `(d, s)` (see the module docs).
-pub fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+/// The scale of a block that takes a special case (module docs): `Some(NaN)` for a
+/// non-finite block, `Some(0)` for a tiny one, else `None`; with its `amax`.
+fn special_scale(x: &[f32]) -> (Option<f32>, f32) {
     let finite = x.iter().all(|v| v.is_finite());
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let d = amax / Q8_MAX;
-    if !finite || d < f32::MIN_POSITIVE {
+    let special = if !finite {
+        Some(f32::NAN)
+    } else if amax / Q8_MAX < f32::MIN_POSITIVE {
+        Some(0.0)
+    } else {
+        None
+    };
+    (special, amax)
+}
+
+/// Quantises one `Q8_0` block `x: [32]` into `q`, returning `d` (see the module docs).
+pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let (special, amax) = special_scale(x);
+    if let Some(d) = special {
         q.fill(0);
-        return (if finite { 0.0 } else { f32::NAN }, 0);
+        return d;
     }
+    let d = amax / Q8_MAX;
     let id = 1.0 / d;
-    let mut s = 0;
     for (qj, &xj) in q.iter_mut().zip(x) {
         // |x·id| ≤ 127·(1 + 3u) < 127.5, so the cast neither saturates nor wraps.
         *qj = (xj * id).round_ties_even() as i8;
-        s += i32::from(*qj);
     }
-    (d, s)
+    d
+}
+
+/// Quantises one `Q8_K` block `x: [256]` into `q`, returning `d` (see the module docs).
+pub fn quantize_block_k(x: &[f32], q: &mut [i8]) -> f32 {
+    let (special, amax) = special_scale(x);
+    if let Some(d) = special {
+        q.fill(0);
+        return d;
+    }
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+    let iscale = -Q8_MAX / max;
+    for (qj, &xj) in q.iter_mut().zip(x) {
+        // |iscale·x| ≤ 127·(1 + 2u) < 127.5: the result is in -127..=127 before the
+        // clamp, which llama.cpp keeps and so do we.
+        *qj = ((iscale * xj).round_ties_even() as i32).min(127) as i8;
+    }
+    1.0 / iscale
 }
 
 /// The f16 at `b[at..at + 2]`, widened.
@@ -195,8 +312,8 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// One stored weight block, decoded to `(d_w, m, quants)` with `m` the per-block offset
-/// coefficient (`0`, `−8·d_w` or the stored `m`) and quants as integers.
+/// One stored legacy weight block, decoded to `(d_w, m, quants)` with `m` the per-block
+/// offset coefficient (`0`, `−8·d_w`, `−16·d_w` or the stored `m`) and quants as integers.
 fn decode_block(dtype: DType, b: &[u8]) -> (f32, f64, [i32; QK]) {
     let d = f16_at(b, 0);
     let mut w = [0i32; QK];
@@ -207,15 +324,20 @@ fn decode_block(dtype: DType, b: &[u8]) -> (f32, f64, [i32; QK]) {
             }
             (d, 0.0, w)
         }
-        DType::Q4_0 | DType::Q4_1 => {
-            let (qs, m) = if dtype == DType::Q4_0 {
-                (&b[2..18], -8.0 * f64::from(d))
-            } else {
-                (&b[4..20], f64::from(f16_at(b, 2)))
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
+            let (qs, m, qh) = match dtype {
+                DType::Q4_0 => (&b[2..18], -8.0 * f64::from(d), 0),
+                DType::Q4_1 => (&b[4..20], f64::from(f16_at(b, 2)), 0),
+                _ => (
+                    &b[6..22],
+                    -16.0 * f64::from(d),
+                    u32::from_le_bytes([b[2], b[3], b[4], b[5]]),
+                ),
             };
+            let bit = |j: usize| (((qh >> j) & 1) << 4) as i32;
             for (j, &byte) in qs.iter().enumerate() {
-                w[j] = i32::from(byte & 15);
-                w[j + 16] = i32::from(byte >> 4);
+                w[j] = i32::from(byte & 15) | bit(j);
+                w[j + 16] = i32::from(byte >> 4) | bit(j + 16);
             }
             (d, m, w)
         }
@@ -223,36 +345,116 @@ fn decode_block(dtype: DType, b: &[u8]) -> (f32, f64, [i32; QK]) {
     }
 }
 
-/// Each block's term of row `r` as f64, `d_w·d_a·i + m·d_a·s`, with its magnitude
-/// `|d_w·d_a|·Σ|w_j q_j| + |m·d_a·s|` (for error bounds). Shapes as [`gemv_reference`].
-pub fn row_terms(w: &Weights<'_>, r: usize, x: &Q8Acts) -> impl Iterator<Item = (f64, f64)> {
+/// The `(scale, min)` integers of a super-block's sub-blocks (8 for `Q4_K`, 16 for
+/// `Q6_K`) and how many there are.
+type SubScales = ([(i32, i32); 16], usize);
+
+/// A K-format super-block decoded for the integer dot: `(d, dmin, quants, scales)` with
+/// `quants` the stored unsigned integers (`Q6_K`: minus 32) and, per sub-block of
+/// `dtype.block_len() / scales.len()` weights, the `(scale, min)` integers (`Q6_K`: min 0).
+fn decode_super_block(dtype: DType, b: &[u8]) -> (f32, f32, [i32; QK_K], SubScales) {
+    let mut w = [0i32; QK_K];
+    match dtype {
+        DType::Q4_K => {
+            let mut scales = [(0, 0); 16];
+            for (t, st) in scales.iter_mut().take(8).enumerate() {
+                let (sc, m) = q4_k_scale_min(&b[4..16], t);
+                *st = (i32::from(sc), i32::from(m));
+            }
+            for (g, q) in b[16..144].chunks_exact(32).enumerate() {
+                for (l, &byte) in q.iter().enumerate() {
+                    w[64 * g + l] = i32::from(byte & 15);
+                    w[64 * g + 32 + l] = i32::from(byte >> 4);
+                }
+            }
+            (f16_at(b, 0), f16_at(b, 2), w, (scales, 8))
+        }
+        DType::Q6_K => {
+            let (ql, qh) = (&b[..128], &b[128..192]);
+            for n in 0..2 {
+                for l in 0..32 {
+                    let (lo, hi, h) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
+                    let quants = [lo & 15, hi & 15, lo >> 4, hi >> 4];
+                    for (k, q) in quants.into_iter().enumerate() {
+                        let q = q | ((h >> (2 * k)) & 3) << 4;
+                        w[128 * n + 32 * k + l] = i32::from(q) - 32;
+                    }
+                }
+            }
+            let mut scales = [(0, 0); 16];
+            for (st, &s) in scales.iter_mut().zip(&b[192..208]) {
+                *st = (i32::from(s as i8), 0);
+            }
+            (f16_at(b, 208), 0.0, w, (scales, 16))
+        }
+        _ => unreachable!("checked by the caller"),
+    }
+}
+
+/// Each block's term of row `r` as f64 (module docs), with its magnitude (the same sum
+/// with every integer product and offset taken by absolute value, for error bounds).
+/// Shapes as [`gemv_reference`].
+pub fn row_terms<'a>(
+    w: &Weights<'a>,
+    r: usize,
+    x: &'a Q8Acts,
+) -> impl Iterator<Item = (f64, f64)> + 'a {
     let dtype = w.dtype();
+    let block = dtype.block_len();
     w.row(r)
         .chunks_exact(dtype.block_bytes())
         .enumerate()
         .map(move |(b, bytes)| {
-            let (dw, m, wq) = decode_block(dtype, bytes);
-            let qa = &x.values[b * QK..(b + 1) * QK];
+            let qa = &x.values[b * block..(b + 1) * block];
             let da = f64::from(x.scales[b]);
-            let (mut i, mut abs) = (0i64, 0i64);
-            for (&wj, &qj) in wq.iter().zip(qa) {
-                let p = i64::from(wj) * i64::from(qj);
-                i += p;
-                abs += p.abs();
+            if block == QK {
+                let (dw, m, wq) = decode_block(dtype, bytes);
+                let (i, abs) = int_dot(&wq, qa);
+                let scale = f64::from(dw) * da;
+                let offset = m * da * f64::from(x.sums[b]);
+                return (
+                    scale * i as f64 + offset,
+                    scale.abs() * abs as f64 + offset.abs(),
+                );
             }
-            let scale = f64::from(dw) * da;
-            let offset = m * da * f64::from(x.sums[b]);
+            let (d, dmin, wq, (scales, n_sub)) = decode_super_block(dtype, bytes);
+            let scales = &scales[..n_sub];
+            let sub = block / n_sub;
+            let sums = &x.sums[b * block / Q8K_SUM..(b + 1) * block / Q8K_SUM];
+            let (mut i, mut abs, mut mins, mut mins_abs) = (0i64, 0i64, 0i64, 0i64);
+            for (t, &(sc, m)) in scales.iter().enumerate() {
+                let range = t * sub..(t + 1) * sub;
+                let (it, at) = int_dot(&wq[range.clone()], &qa[range]);
+                i += i64::from(sc) * it;
+                abs += i64::from(sc).abs() * at;
+                let s: i64 = sums[t * sub / Q8K_SUM..(t + 1) * sub / Q8K_SUM]
+                    .iter()
+                    .map(|&s| i64::from(s))
+                    .sum();
+                mins += i64::from(m) * s;
+                mins_abs += (i64::from(m) * s).abs();
+            }
+            let (scale, min_scale) = (f64::from(d) * da, f64::from(dmin) * da);
             (
-                scale * i as f64 + offset,
-                scale.abs() * abs as f64 + offset.abs(),
+                scale * i as f64 - min_scale * mins as f64,
+                scale.abs() * abs as f64 + min_scale.abs() * mins_abs as f64,
             )
         })
+}
+
+/// `(Σ_j w_j q_j, Σ_j |w_j q_j|)`, exact.
+fn int_dot(w: &[i32], q: &[i8]) -> (i64, i64) {
+    w.iter().zip(q).fold((0, 0), |(i, a), (&wj, &qj)| {
+        let p = i64::from(wj) * i64::from(qj);
+        (i + p, a + p.abs())
+    })
 }
 
 /// The reference GEMV with 8-bit activations: `y_r ← Σ_b term_b` (module docs), summed in
 /// f64 and rounded once to f32.
 ///
-/// Errors (before writing `y`) for a plain-format `w` or mismatched lengths.
+/// Errors (before writing `y`) for a plain-format `w`, activations in the other layout
+/// or mismatched lengths.
 pub fn gemv_reference(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
     super::check::gemv_q8(w, x, y)?;
     for (r, yr) in y.iter_mut().enumerate() {
@@ -274,11 +476,10 @@ mod tests {
         x[2] = -3.5;
         x[3] = 0.49;
         x[4] = -127.0;
-        let mut q = [0i8; QK];
-        let (d, s) = quantize_block(&x, &mut q);
-        assert_eq!(d, 1.0);
-        assert_eq!(&q[..5], &[127, 2, -4, 0, -127]);
-        assert_eq!(s, 127 + 2 - 4 - 127);
+        let q = Q8Acts::from_f32(Q8Layout::Q8_0, &x).unwrap();
+        assert_eq!(q.scales(), &[1.0]);
+        assert_eq!(&q.values()[..5], &[127, 2, -4, 0, -127]);
+        assert_eq!(q.sums(), &[127 + 2 - 4 - 127]);
     }
 
     #[test]
@@ -286,7 +487,7 @@ mod tests {
         let x: Vec<f32> = (0..96)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
             .collect();
-        let q = Q8Acts::from_f32(&x).unwrap();
+        let q = Q8Acts::from_f32(Q8Layout::Q8_0, &x).unwrap();
         let back = q.dequantize();
         for (b, (xb, yb)) in x.chunks(QK).zip(back.chunks(QK)).enumerate() {
             let d = q.scales()[b];
@@ -305,6 +506,27 @@ mod tests {
     }
 
     #[test]
+    fn q8_k_takes_the_signed_maximum_and_sums_per_16() {
+        // The first value of largest magnitude is +2: iscale = -63.5, d = -1/63.5.
+        let mut x = vec![0.0f32; QK_K];
+        x[3] = 2.0;
+        x[7] = -2.0;
+        x[20] = 1.0;
+        x[21] = -0.5;
+        let q = Q8Acts::from_f32(Q8Layout::Q8_K, &x).unwrap();
+        assert_eq!(q.scales(), &[1.0 / (-127.0f32 / 2.0)]);
+        assert_eq!(q.values()[3], -127);
+        assert_eq!(q.values()[7], 127);
+        // 63.5 → 64 and -31.75 → -32 (to nearest); the sums are per 16 values.
+        assert_eq!((q.values()[20], q.values()[21]), (-64, 32));
+        assert_eq!(q.sums().len(), QK_K / Q8K_SUM);
+        assert_eq!(&q.sums()[..2], &[0, -32]);
+        let back = q.dequantize();
+        assert!((back[3] - 2.0).abs() < 1e-6 && (back[21] + 0.5).abs() < 0.01);
+        assert!(Q8Acts::from_f32(Q8Layout::Q8_K, &[1.0; 32]).is_err());
+    }
+
+    #[test]
     fn special_blocks() {
         let mut x = vec![1.0f32; 3 * QK];
         x[5] = f32::NAN;
@@ -312,22 +534,28 @@ mod tests {
         for v in &mut x[2 * QK..] {
             *v = 1e-37;
         }
-        let q = Q8Acts::from_f32(&x).unwrap();
+        let q = Q8Acts::from_f32(Q8Layout::Q8_0, &x).unwrap();
         assert!(q.scales()[0].is_nan() && q.scales()[1].is_nan());
         assert_eq!(q.scales()[2], 0.0);
         assert!(q.values().iter().all(|&v| v == 0));
         assert_eq!(q.sums(), &[0, 0, 0]);
+        let mut k = vec![1e-37f32; 2 * QK_K];
+        k[QK_K + 9] = f32::NEG_INFINITY;
+        let q = Q8Acts::from_f32(Q8Layout::Q8_K, &k).unwrap();
+        assert_eq!(q.scales()[0], 0.0);
+        assert!(q.scales()[1].is_nan());
+        assert!(q.values().iter().all(|&v| v == 0) && q.sums().iter().all(|&s| s == 0));
     }
 
     #[test]
     fn lengths_are_checked() {
         assert!(matches!(
-            Q8Acts::from_f32(&[1.0; 33]),
+            Q8Acts::from_f32(Q8Layout::Q8_0, &[1.0; 33]),
             Err(ShapeError::NotMultiple { len: 33, .. })
         ));
         let bytes = vec![0u8; 4 * 64];
         let w = Weights::new(DType::F32, 1, 64, &bytes).unwrap();
-        let x = Q8Acts::from_f32(&[1.0; 64]).unwrap();
+        let x = Q8Acts::from_f32(Q8Layout::Q8_0, &[1.0; 64]).unwrap();
         assert!(matches!(
             gemv_reference(&w, &x, &mut [0.0]),
             Err(ShapeError::Unsupported { .. })
@@ -335,9 +563,19 @@ mod tests {
         let bytes = vec![0u8; 2 * 20];
         let w = Weights::new(DType::Q4_1, 1, 64, &bytes).unwrap();
         assert!(gemv_reference(&w, &x, &mut [0.0; 2]).is_err());
-        let x32 = Q8Acts::from_f32(&[1.0; 32]).unwrap();
+        let x32 = Q8Acts::from_f32(Q8Layout::Q8_0, &[1.0; 32]).unwrap();
         assert!(gemv_reference(&w, &x32, &mut [0.0]).is_err());
         assert!(gemv_reference(&w, &x, &mut [0.0]).is_ok());
+        // Activations in the layout the format does not meet.
+        let bytes = vec![0u8; DType::Q4_K.block_bytes()];
+        let wk = Weights::new(DType::Q4_K, 1, QK_K, &bytes).unwrap();
+        let x0 = Q8Acts::from_f32(Q8Layout::Q8_0, &[1.0; QK_K]).unwrap();
+        assert!(matches!(
+            gemv_reference(&wk, &x0, &mut [0.0]),
+            Err(ShapeError::Unsupported { .. })
+        ));
+        let xk = Q8Acts::from_f32(Q8Layout::Q8_K, &[1.0; QK_K]).unwrap();
+        assert!(gemv_reference(&wk, &xk, &mut [0.0]).is_ok());
     }
 
     #[test]
@@ -351,7 +589,7 @@ mod tests {
         }
         let w = Weights::new(DType::Q4_1, 1, 64, &row).unwrap();
         let x: Vec<f32> = (0..64).map(|j| (j as f32 - 30.0) * 2.0).collect();
-        let q = Q8Acts::from_f32(&x).unwrap();
+        let q = Q8Acts::from_f32(Q8Layout::Q8_0, &x).unwrap();
         let xd = q.dequantize();
         let mut expect = 0.0f64;
         for (b, chunk) in row.chunks(20).enumerate() {

@@ -133,11 +133,20 @@ pub mod check {
         x: &crate::backend::Q8Acts,
         y: &[f32],
     ) -> Result<(), ShapeError> {
-        if !crate::backend::q8::supports(w.dtype()) {
-            return Err(ShapeError::Unsupported {
-                what: "gemv with q8 activations",
-                dtype: w.dtype(),
-            });
+        match crate::backend::Q8Layout::of(w.dtype()) {
+            None => {
+                return Err(ShapeError::Unsupported {
+                    what: "gemv with q8 activations",
+                    dtype: w.dtype(),
+                });
+            }
+            Some(layout) if layout != x.layout() => {
+                return Err(ShapeError::Unsupported {
+                    what: "gemv with q8 activations in the other block layout",
+                    dtype: w.dtype(),
+                });
+            }
+            Some(_) => {}
         }
         len("gemv_q8 x", x.len(), w.cols())?;
         len("gemv_q8 y", y.len(), w.rows())

@@ -36,10 +36,11 @@
 //! `backend::q8`). Plain-format matrices and multi-token passes (prefill, GEMM) stay f32.
 
 use super::{FfnActivation, LlamaConfig, ModelError};
-use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Rope, Weights, q8};
+use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
 use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, WindowKv};
 use ndarray::{Array2, Axis};
+use std::cell::OnceCell;
 
 /// Which rows of logits a forward pass computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,10 +78,14 @@ impl Activations {
 }
 
 /// A matmul input shared by the matmuls that read it: the f32 rows and, when 8-bit
-/// activations apply, their quantised form (computed once).
+/// activations apply, their quantised forms, one per [`Q8Layout`] (`[Q8_0, Q8_K]`), each
+/// computed the first time a matrix needs it and then shared: `Q8_0` blocks of 32 for
+/// `Q8_0`/`Q4_*`/`Q5_0` matrices, `Q8_K` blocks of 256 for `Q4_K`/`Q6_K` (Gemma 3's
+/// `ffn_down` is `Q4_K` in some layers and `Q6_K` in others, its `attn_v` `Q5_0` or
+/// `Q8_0`), so an input is quantised at most once per layout.
 struct Input<'x> {
     x: &'x Array2<f32>,
-    q8: Option<Q8Acts>,
+    q8: Option<[OnceCell<Q8Acts>; 2]>,
 }
 
 /// Index of a matrix tensor in the file, with its shape checked at load.
@@ -266,32 +271,53 @@ impl<B: Backend> Llama<B> {
             .expect("tensor validated at load")
     }
 
-    /// `x` as a matmul input: quantised to 8 bits too when the model uses
-    /// [`Activations::Q8`] and `x` is one token.
+    /// `x` as a matmul input, to be quantised to 8 bits too (on first use, per layout)
+    /// when the model uses [`Activations::Q8`] and `x` is one token.
     fn input<'x>(&self, x: &'x Array2<f32>) -> Result<Input<'x>, ModelError> {
-        let q8 = if self.activations == Activations::Q8 && x.nrows() == 1 {
-            let mut q = Q8Acts::new();
-            let xs = x.as_slice().expect("activations are standard-layout");
-            self.backend.quantize_q8(xs, &mut q)?;
-            Some(q)
-        } else {
-            None
-        };
+        let q8 = (self.activations == Activations::Q8 && x.nrows() == 1)
+            .then(|| [OnceCell::new(), OnceCell::new()]);
         Ok(Input { x, q8 })
     }
 
-    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token (with the 8-bit input when
-    /// there is one and `W` is block-quantised), a GEMM for several.
+    /// `x` quantised in `layout`: computed on the first call, then shared.
+    fn input_q8<'i>(
+        &self,
+        x: &'i Input<'_>,
+        layout: Q8Layout,
+    ) -> Result<Option<&'i Q8Acts>, ModelError> {
+        let Some(cells) = &x.q8 else {
+            return Ok(None);
+        };
+        let cell = &cells[match layout {
+            Q8Layout::Q8_0 => 0,
+            Q8Layout::Q8_K => 1,
+        }];
+        if let Some(q) = cell.get() {
+            return Ok(Some(q));
+        }
+        let mut q = Q8Acts::new();
+        let xs = x.x.as_slice().expect("activations are standard-layout");
+        self.backend.quantize_q8(layout, xs, &mut q)?;
+        Ok(Some(cell.get_or_init(|| q)))
+    }
+
+    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token (with the 8-bit input in the
+    /// layout `W`'s format meets, when the model uses 8-bit activations and `W` is
+    /// block-quantised), a GEMM for several.
     fn matmul(&self, m: MatRef, x: &Input<'_>) -> Result<Array2<f32>, ModelError> {
         let w = self.weights(m);
         let n = x.x.nrows();
         let mut y = Array2::<f32>::zeros((n, w.rows()));
         let xs = x.x.as_slice().expect("activations are standard-layout");
         let ys = y.as_slice_mut().expect("fresh array is standard-layout");
-        match &x.q8 {
-            Some(q) if n == 1 && q8::supports(w.dtype()) => self.backend.gemv_q8(&w, q, ys)?,
-            _ if n == 1 => self.backend.gemv(&w, xs, ys)?,
-            _ => self.backend.gemm(&w, xs, ys)?,
+        let q = match Q8Layout::of(w.dtype()) {
+            Some(layout) if n == 1 => self.input_q8(x, layout)?,
+            _ => None,
+        };
+        match q {
+            Some(q) => self.backend.gemv_q8(&w, q, ys)?,
+            None if n == 1 => self.backend.gemv(&w, xs, ys)?,
+            None => self.backend.gemm(&w, xs, ys)?,
         }
         Ok(y)
     }

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights};
+use kvcore::backend::{AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights};
 use kvcore::kv::{AllocGate, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 
@@ -82,9 +82,9 @@ impl<B: Backend> Backend for FailingBackend<B> {
         self.check()?;
         self.inner.gemv(w, x, y)
     }
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
         self.check()?;
-        self.inner.quantize_q8(x, out)
+        self.inner.quantize_q8(layout, x, out)
     }
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
         self.check()?;

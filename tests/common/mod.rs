@@ -208,3 +208,90 @@ pub fn check_id_sequence(
     }
     Ok(())
 }
+
+/// What [`teacher_force`] measured: over every listed (top-20) logit of every position,
+/// the worst and mean `|logit − reference|`, and at how many positions the top-1 agreed.
+pub struct Distance {
+    pub worst: f32,
+    pub mean: f64,
+    pub agree: usize,
+    pub positions: usize,
+}
+
+/// Feeds every prompt's `prompt_ids + greedy_ids` (the first `limit` of them) through the
+/// one-token decode path of `model` (teacher forcing the reference tokens) and compares
+/// each position's logits
+/// with the reference entry. Asserts, at every position, every listed logit within `tol`
+/// and the reference's top-1 wherever its top-1 margin exceeds `safe_margin` (an error
+/// within `safe_margin / 2` could not flip it); returns the distances for the caller's
+/// aggregate bounds.
+pub fn teacher_force<B: Backend>(
+    model: &Llama<B>,
+    prompts: &[Value],
+    tol: f32,
+    safe_margin: f64,
+    limit: usize,
+) -> Distance {
+    let c = model.config().clone();
+    let name_b = model.backend().name();
+    let (mut worst, mut sum, mut count) = (0.0f32, 0.0f64, 0usize);
+    let (mut agree, mut positions_seen) = (0usize, 0usize);
+    for prompt in prompts {
+        let name = prompt["name"].as_str().unwrap();
+        let all: Vec<u32> = ids(&prompt["prompt_ids"])
+            .into_iter()
+            .chain(ids(&prompt["greedy_ids"]))
+            .collect();
+        let positions = prompt["positions"].as_array().unwrap();
+        assert_eq!(positions.len(), all.len());
+        let mut kv = kvcore::GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
+        for (p, &id) in all.iter().enumerate().take(limit) {
+            let logits = model
+                .forward(&mut kv, &[id], kvcore::model::Logits::Last)
+                .unwrap();
+            let row = logits.row(0);
+            let reference = &positions[p];
+            let top = reference["top"].as_array().unwrap();
+            for pair in top {
+                let tid = pair[0].as_u64().unwrap() as usize;
+                let want = pair[1].as_f64().unwrap() as f32;
+                let diff = (row[tid] - want).abs();
+                assert!(
+                    diff <= tol,
+                    "{name_b} {name} position {p} token {tid}: logit {} vs reference {want} (|diff| {diff} > {tol})",
+                    row[tid]
+                );
+                worst = worst.max(diff);
+                sum += f64::from(diff);
+                count += 1;
+            }
+            let argmax = row
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+                )
+                .0;
+            let ref_top = top[0][0].as_u64().unwrap() as usize;
+            let margin = reference["margin"].as_f64().unwrap();
+            assert!(
+                argmax == ref_top || margin <= safe_margin,
+                "{name_b} {name} position {p}: top-1 {argmax} vs reference {ref_top} at margin {margin}"
+            );
+            agree += usize::from(argmax == ref_top);
+            positions_seen += 1;
+        }
+    }
+    let d = Distance {
+        worst,
+        mean: sum / count as f64,
+        agree,
+        positions: positions_seen,
+    };
+    eprintln!(
+        "{name_b} q8: worst |logit - reference| {:.3}, mean {:.3}, top-1 agrees at {}/{} positions",
+        d.worst, d.mean, d.agree, d.positions
+    );
+    d
+}

@@ -51,7 +51,7 @@ mod split;
 
 pub use error::RayonError;
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights, check};
+use kvcore::backend::{AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, Slice};
 use rayon::prelude::*;
@@ -185,8 +185,8 @@ impl<B: Backend> Backend for Rayon<B> {
         self.split_rows(w, y, |w, y| self.inner.gemv(w, x, y))
     }
 
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        self.inner.quantize_q8(x, out)
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+        self.inner.quantize_q8(layout, x, out)
     }
 
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {

@@ -178,22 +178,9 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The 6-bit `(scale, min)` of sub-block `s` (`0..8`) of a `Q4_K` super-block from its
-/// 12 packed scale bytes (llama.cpp's `get_scale_min_k4`; see the module docs). Shared
-/// with the SIMD decoders, so the bit layout is written once.
-///
-/// # Panics
-/// If `scales.len() < 12` or `s >= 8`.
-pub fn q4_k_scale_min(scales: &[u8], s: usize) -> (u8, u8) {
-    if s < 4 {
-        (scales[s] & 63, scales[s + 4] & 63)
-    } else {
-        (
-            (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
-            (scales[s + 4] >> 4) | (scales[s] >> 6) << 4,
-        )
-    }
-}
+/// The 6-bit `(scale, min)` of a `Q4_K` sub-block; defined beside the format in
+/// `kvcore::backend` and re-exported here for the decoders that import it from this crate.
+pub use kvcore::backend::q4_k_scale_min;
 
 /// The formats this crate implements, [`FORMATS`]; the backends check a weight's
 /// format at their entry points ([`check_format`]), so the decoders never see another.

@@ -10,7 +10,7 @@
 //! Layouts follow `kvcore::backend`: row-major `[rows, cols]`, weights in their stored
 //! bytes, activations `f32`.
 
-use kvcore::backend::{DType, Q8Acts, Weights};
+use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
 
 /// One instruction-set family's kernels. All lengths are checked by the callers in
 /// `ops.rs`; the implementations assert them again before any unchecked access.
@@ -22,12 +22,20 @@ pub(crate) trait Kernel: Copy {
     /// formats).
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]);
 
-    /// Quantise `x` to 8 bits into `(scales, sums, values)` (`[k]`, `[k]`, `[32·k]` for
-    /// `x: [32·k]`), bit for bit as `kvcore::backend::Q8Acts::quantize`.
-    fn quantize_q8(self, x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]);
+    /// Quantise `x` to 8 bits in `layout` into `(scales, sums, values)` (as
+    /// `kvcore::backend::Q8Acts::fill` sizes them), bit for bit as
+    /// `kvcore::backend::Q8Acts::quantize`.
+    fn quantize_q8(
+        self,
+        layout: Q8Layout,
+        x: &[f32],
+        scales: &mut [f32],
+        sums: &mut [i32],
+        values: &mut [i8],
+    );
 
-    /// GEMV with 8-bit activations `y ← W x̂` for a block-format `w` (`Q8_0`, `Q4_0`,
-    /// `Q4_1`; see `kvcore::backend::q8`). `x: [cols]`, `y: [rows]`.
+    /// GEMV with 8-bit activations `y ← W x̂` for a block-format `w` and `x` in the layout
+    /// it meets (see `kvcore::backend::q8`). `x: [cols]`, `y: [rows]`.
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]);
 
     /// Decode `out.len()` consecutive weights of `dtype` from `bytes` (whole blocks),

@@ -20,8 +20,8 @@
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
 //! | `rope`, `swiglu`, `geglu`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
-//! | `quantize_q8` | SIMD 8-bit quantiser, bit for bit the reference |
-//! | `gemv_q8` | integer dot products of the weight and activation bytes per block, one f32 FMA per block (`q8.rs`) |
+//! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
+//! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`) |
 //!
 //! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),
 //! activations stay f32, so results differ from [`kvcore_scalar::Scalar`] by rounding
@@ -37,7 +37,9 @@ mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Rope, ShapeError, Weights, check, q8};
+use kvcore::backend::{
+    AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
+};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 use kvcore_scalar::Scalar;
@@ -173,13 +175,13 @@ impl Backend for Simd {
         Ok(())
     }
 
-    fn quantize_q8(&self, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
+    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
         dispatch!(
             self,
-            k => out.fill(x.len(), |(scales, sums, values)| {
-                kernel::Kernel::quantize_q8(k, x, scales, sums, values)
+            k => out.fill(layout, x.len(), |(scales, sums, values)| {
+                kernel::Kernel::quantize_q8(k, layout, x, scales, sums, values)
             })?,
-            scalar => out.quantize(x)?
+            scalar => out.quantize(layout, x)?
         );
         Ok(())
     }

@@ -32,16 +32,19 @@
 //!   `2·((d + 3)/2 + 9)·u·|out|`.
 //! - add, SwiGLU, softmax, embedding rows: bit for bit (correctly rounded, or the same
 //!   code).
-//! - 8-bit activations: `quantize_q8` bit for bit (scales, sums and values) against
-//!   `Q8Acts::quantize`, on random blocks and on blocks with ties, NaN, ±inf, zeros and
-//!   subnormal magnitudes. `gemv_q8` against `q8::gemv_reference` (the exact value of
-//!   the integer-dot formula, rounded once): each block contributes up to 8 partial
-//!   integer dot products (exact) scaled by `d_w·d_a` plus one offset term `m·(d_a·s)`,
+//! - 8-bit activations, both layouts (`Q8_0`, `Q8_K`): `quantize_q8` bit for bit
+//!   (scales, sums and values) against `Q8Acts::quantize`, on random blocks and on blocks
+//!   with ties, NaN, ±inf, zeros and subnormal magnitudes. `gemv_q8` against
+//!   `q8::gemv_reference` (the exact value of the integer-dot formula, rounded once), for
+//!   every format with an 8-bit path: each activation block (32 or 256) contributes up to
+//!   8 partial integer dot products (exact) scaled by `d_w·d_a` plus one offset term,
 //!   each with at most 3 roundings, so any summation order of the `K ≤ 9·blocks` terms
 //!   is within `(K + 3)·u·Σ_b mag_b` (`mag_b = |d_w·d_a|·Σ_j|w_j q_j| + |m·d_a·s|`, from
 //!   `q8::row_terms`), plus `tiny` per term.
 
-use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, QK, ShapeError, Weights, q8};
+use kvcore::backend::{
+    AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, QK, QK_K, ShapeError, Weights, q8,
+};
 use kvcore::kv::KvView;
 use kvcore::ndarray::Array3;
 use kvcore_scalar::Scalar;
@@ -227,18 +230,48 @@ fn check_gemv(s: &Simd, m: &Matrix, v: &mut Values) -> Result<(), TestCaseError>
     Ok(())
 }
 
-/// `quantize_q8` of `x`, bit for bit against the reference quantiser.
-fn check_quantize_q8(s: &Simd, x: &[f32]) -> Result<(), TestCaseError> {
+/// `quantize_q8` of `x` in `layout`, bit for bit against the reference quantiser.
+fn check_quantize_q8(s: &Simd, layout: Q8Layout, x: &[f32]) -> Result<(), TestCaseError> {
     let mut got = Q8Acts::new();
-    let r = s.quantize_q8(x, &mut got);
+    let r = s.quantize_q8(layout, x, &mut got);
     let mut want = Q8Acts::new();
-    prop_assert_eq!(&r, &want.quantize(x), "quantize_q8 [{}]: results", x.len());
+    let what = format!("quantize_q8 {layout:?} [{}]", x.len());
+    prop_assert_eq!(&r, &want.quantize(layout, x), "{}: results", what);
     if r.is_ok() {
-        exact("quantize_q8 scales", got.scales(), want.scales())?;
-        prop_assert_eq!(got.sums(), want.sums(), "quantize_q8 sums");
-        prop_assert_eq!(got.values(), want.values(), "quantize_q8 values");
+        exact(&format!("{what} scales"), got.scales(), want.scales())?;
+        prop_assert_eq!(got.sums(), want.sums(), "{} sums", what);
+        prop_assert_eq!(got.values(), want.values(), "{} values", what);
+        prop_assert_eq!(got.layout(), layout);
     }
     Ok(())
+}
+
+/// [`special_activations`] in `Q8_K` blocks: a tie block (`|max| = 127`, so
+/// `iscale = ∓1`) whose largest magnitude appears with both signs (the first decides),
+/// and the special blocks repeated in 256-value blocks (NaN, ±inf, zeros, subnormal),
+/// then random, 1e3 and 1e34 blocks (a row of 1e36 × 256 could overflow f32).
+fn special_activations_k(v: &mut Values) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..QK_K).map(|j| (j % 64) as f32 - 31.5).collect();
+    x[5] = -127.0;
+    x[200] = 127.0;
+    let blocks: [&dyn Fn(usize, f32) -> f32; 6] = [
+        &|j, r| if j == 77 { f32::NAN } else { r },
+        &|j, r| match j {
+            3 => f32::INFINITY,
+            250 => f32::NEG_INFINITY,
+            _ => r,
+        },
+        &|_, _| 0.0,
+        &|j, _| (j as f32 - 128.0) * 1e-40,
+        &|_, r| r * 1e3,
+        &|_, r| r * 1e34,
+    ];
+    for f in blocks {
+        let r = v.vec(QK_K);
+        x.extend(r.iter().enumerate().map(|(j, &r)| f(j, r)));
+    }
+    x.extend(v.vec(2 * QK_K));
+    x
 }
 
 /// Activations with special blocks: a tie at every `k + 0.5` (block `amax = 127`, so
@@ -265,7 +298,8 @@ fn special_activations(v: &mut Values) -> Vec<f32> {
 
 /// `gemv_q8` on one block-format matrix against the reference (module docs).
 fn check_gemv_q8(s: &Simd, m: &Matrix, x: &[f32]) -> Result<(), TestCaseError> {
-    let xq = Q8Acts::from_f32(x).expect("whole blocks");
+    let layout = Q8Layout::of(m.dtype).expect("a format with an 8-bit path");
+    let xq = Q8Acts::from_f32(layout, x).expect("whole blocks");
     let (mut got, mut want) = (vec![f32::NAN; m.rows], vec![f32::NAN; m.rows]);
     let what = format!("gemv_q8 {} [{}, {}]", m.dtype, m.rows, m.cols);
     let w = m.weights();
@@ -274,7 +308,7 @@ fn check_gemv_q8(s: &Simd, m: &Matrix, x: &[f32]) -> Result<(), TestCaseError> {
         s.gemv_q8(&w, &xq, &mut got),
         q8::gemv_reference(&w, &xq, &mut want),
     )? {
-        let blocks = m.cols / QK;
+        let blocks = m.cols / layout.block_len();
         let k = 9.0 * blocks as f64;
         close(&what, &got, &want, |r| {
             let mag: f64 = q8::row_terms(&w, r, &xq).map(|(_, a)| a).sum();
@@ -617,30 +651,59 @@ fn check_path(report: &mut Report, s: &Simd) {
     );
     report.fixed(&format!("{p}: shape errors"), || check_shape_errors(s));
 
-    let block_dtype = prop::sample::select(vec![DType::Q8_0, DType::Q4_0, DType::Q4_1]);
-    report.prop(
-        &format!("{p}: quantize_q8, random lengths"),
-        (0usize..60, any::<u64>()),
-        |(blocks, seed)| check_quantize_q8(s, &Values(seed).vec(blocks * QK)),
-    );
+    let q8_dtypes = [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
+    for layout in [Q8Layout::Q8_0, Q8Layout::Q8_K] {
+        let bl = layout.block_len();
+        report.prop(
+            &format!("{p}: quantize_q8 {layout:?}, random lengths"),
+            (0usize..60 * QK / bl, any::<u64>()),
+            |(blocks, seed)| check_quantize_q8(s, layout, &Values(seed).vec(blocks * bl)),
+        );
+    }
     report.fixed(&format!("{p}: quantize_q8, special blocks"), || {
-        check_quantize_q8(s, &special_activations(&mut Values(12)))?;
-        check_quantize_q8(s, &[1.0; 33])
+        check_quantize_q8(s, Q8Layout::Q8_0, &special_activations(&mut Values(12)))?;
+        check_quantize_q8(s, Q8Layout::Q8_K, &special_activations_k(&mut Values(14)))?;
+        check_quantize_q8(s, Q8Layout::Q8_0, &[1.0; 33])?;
+        check_quantize_q8(s, Q8Layout::Q8_K, &[1.0; 288])
     });
     report.prop(
         &format!("{p}: gemv_q8, random shapes"),
-        (block_dtype, 0usize..8, 0..ROWS.len(), any::<u64>()),
+        (
+            prop::sample::select(q8_dtypes.to_vec()),
+            0usize..8,
+            0..ROWS.len(),
+            any::<u64>(),
+        ),
         |(dt, blocks, r, seed)| {
             let mut v = Values(seed);
-            let cols = [0, 1, 2, 3, 5, 18, 48, 19][blocks] * QK;
+            let cols = [0, 1, 2, 3, 5, 18, 48, 19][blocks] * dt.block_len();
+            let cols = if dt.block_len() == QK_K {
+                cols / 4
+            } else {
+                cols
+            };
+            let cols = cols / dt.block_len() * dt.block_len();
             let m = Matrix::new(dt, ROWS[r], cols, (seed % 2) as usize, &mut v);
             check_gemv_q8(s, &m, &v.vec(cols))
         },
     );
-    for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-        report.fixed(&format!("{p}: gemv_q8 {dt}, SmolLM2 shapes"), || {
+    for dt in q8_dtypes {
+        report.fixed(&format!("{p}: gemv_q8 {dt}, model shapes"), || {
             let mut v = Values(200 + u64::from(dt.ggml_type()));
-            for (rows, cols) in [(576, 576), (1536, 576), (576, 1536)] {
+            // SmolLM2's projections for the legacy formats, Gemma 3's for the K formats.
+            let shapes: &[(usize, usize)] = if dt.block_len() == QK {
+                &[(576, 576), (1536, 576), (576, 1536), (1024, 640)]
+            } else {
+                &[(640, 1024), (640, 2048), (64, 1536)]
+            };
+            for &(rows, cols) in shapes {
                 let m = Matrix::new(dt, rows, cols, 0, &mut v);
                 check_gemv_q8(s, &m, &v.vec(cols))?;
             }
@@ -648,9 +711,13 @@ fn check_path(report: &mut Report, s: &Simd) {
         });
         report.fixed(&format!("{p}: gemv_q8 {dt}, special activations"), || {
             let mut v = Values(300);
-            let x = special_activations(&mut v);
+            let layout = Q8Layout::of(dt).expect("8-bit path");
+            let x = match layout {
+                Q8Layout::Q8_0 => special_activations(&mut v),
+                Q8Layout::Q8_K => special_activations_k(&mut v),
+            };
             let m = Matrix::new(dt, 7, x.len(), 0, &mut v);
-            let xq = Q8Acts::from_f32(&x).expect("whole blocks");
+            let xq = Q8Acts::from_f32(layout, &x).expect("whole blocks");
             let mut y = vec![0.0f32; 7];
             s.gemv_q8(&m.weights(), &xq, &mut y).expect("shapes");
             prop_assert!(
@@ -659,23 +726,27 @@ fn check_path(report: &mut Report, s: &Simd) {
                 y
             );
             // Without the non-finite blocks, against the reference.
-            let finite: Vec<f32> = x[..QK].iter().chain(&x[3 * QK..]).copied().collect();
+            let bl = layout.block_len();
+            let finite: Vec<f32> = x[..bl].iter().chain(&x[3 * bl..]).copied().collect();
             let m = Matrix::new(dt, 7, finite.len(), 0, &mut v);
             check_gemv_q8(s, &m, &finite)
         });
     }
     report.fixed(&format!("{p}: gemv_q8 shape errors"), || {
         let mut v = Values(13);
-        let xq = Q8Acts::from_f32(&v.vec(64)).expect("whole blocks");
-        for dt in DType::ALL.into_iter().filter(|d| 64 % d.block_len() == 0) {
-            let m = Matrix::new(dt, 2, 64, 0, &mut v);
+        let x = v.vec(QK_K);
+        let x0 = Q8Acts::from_f32(Q8Layout::Q8_0, &x).expect("whole blocks");
+        let xk = Q8Acts::from_f32(Q8Layout::Q8_K, &x).expect("whole blocks");
+        let empty = Q8Acts::new();
+        for dt in DType::ALL {
+            let m = Matrix::new(dt, 2, QK_K, 0, &mut v);
             let w = m.weights();
-            for (x, ylen) in [(&xq, 2), (&xq, 3), (&Q8Acts::new(), 2)] {
+            for (x, ylen) in [(&x0, 2), (&x0, 3), (&xk, 2), (&xk, 3), (&empty, 2)] {
                 let (mut a, mut b) = (vec![0.0; ylen], vec![0.0; ylen]);
                 let got = s.gemv_q8(&w, x, &mut a);
                 let want = q8::gemv_reference(&w, x, &mut b);
                 prop_assert_eq!(&got, &want, "gemv_q8 {} errors", dt);
-                let valid = q8::supports(dt) && ylen == 2 && x.len() == 64;
+                let valid = Q8Layout::of(dt) == Some(x.layout()) && ylen == 2 && x.len() == QK_K;
                 prop_assert_eq!(
                     got.is_ok(),
                     valid,

@@ -4,7 +4,7 @@
 //! kvcore's own tests `scalar_reference.rs` (scalar against the oracle) and
 //! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
 
-use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Rope, RopeStyle};
+use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle};
 use kvcore::kv::{KvRows, KvSegment, KvView};
 use kvcore::ndarray::{Array3, Axis, Slice};
 
@@ -54,8 +54,8 @@ impl Case for Gemv {
     }
 }
 
-/// `y ← W x̂` with 8-bit activations: the backend quantises `x` (`quantize_q8`) and runs
-/// `gemv_q8`. `W` is a block format.
+/// `y ← W x̂` with 8-bit activations: the backend quantises `x` (`quantize_q8`, in the
+/// layout `W`'s format meets) and runs `gemv_q8`. `W` is a block format.
 pub struct GemvQ8 {
     /// `W`, `[rows, cols]`.
     pub m: Matrix,
@@ -79,8 +79,10 @@ impl Case for GemvQ8 {
         )
     }
     fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let layout = Q8Layout::of(self.m.dtype).expect("a format with an 8-bit path");
         let mut xq = Q8Acts::new();
-        b.quantize_q8(&self.x, &mut xq).expect("whole blocks");
+        b.quantize_q8(layout, &self.x, &mut xq)
+            .expect("whole blocks");
         let mut y = vec![f32::NAN; self.m.rows];
         b.gemv_q8(&self.m.weights(), &xq, &mut y)
             .expect("gemv_q8 shapes");

@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 
 use kvcore::backend::{Backend, DType, RopeStyle};
 
-use super::cases::{Add, Attention, AttnShape, Case, Gemm, Gemv, RmsNorm, RopeCase, Swiglu};
+use super::cases::{
+    Add, Attention, AttnShape, Case, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Swiglu,
+};
 use super::oracle::{Bounded, bits, check_pair};
 use super::suite::REFERENCE;
 
@@ -119,6 +121,24 @@ pub fn gemma3_matmuls_conform<B: Backend>(b: &B) {
         }
     });
     check_matmul(b, m);
+}
+
+/// Gemma 3 270M's projections ([`GEMMA3_MATMULS`]) with 8-bit activations
+/// (`quantize_q8` + `gemv_q8`, the one-token path of `Activations::Q8`) on `b`, within
+/// twice the bound of the scalar reference.
+///
+/// # Panics
+/// If a check fails.
+pub fn gemma3_matmuls_q8_conform<B: Backend>(b: &B) {
+    static CACHE: OnceLock<Vec<Prepared<GemvQ8>>> = OnceLock::new();
+    let cases = CACHE.get_or_init(|| {
+        (GEMMA3_MATMULS.iter().enumerate())
+            .map(|(k, &(t, r, c))| Prepared::new(GemvQ8::new(t, r, c, 0x6e38 + k as u64)))
+            .collect()
+    });
+    for case in cases {
+        case.check(b);
+    }
 }
 
 /// The output projection (tied embedding) `[49152, 576]` in the real model's format on

@@ -56,7 +56,7 @@
 //! - add: IEEE addition is correctly rounded, `u·|out|`; two correct implementations
 //!   agree bit for bit, which the conformance suite requires.
 
-use kvcore::backend::{Rope, RopeStyle};
+use kvcore::backend::{Q8Acts, Q8Layout, Rope, RopeStyle};
 
 use super::decode::{Decoded, dot_f64};
 use super::inputs::Matrix;
@@ -98,17 +98,19 @@ pub fn gemv(m: &Matrix, x: &[f32]) -> Vec<Bounded> {
     (0..m.rows).map(|r| dot_bounded(&m.row(r), x)).collect()
 }
 
-/// `y = W x̂` with `x̂` the reference 8-bit quantisation of `x` (`kvcore::backend::q8`):
-/// the formula's exact value from `q8::row_terms` (integer dot products, f64 scaling).
-/// Bound: every term carries at most 3 roundings (`d_w·d_a`, its product with a partial
-/// integer dot, or `m·(d_a·s)`), and a kernel sums at most `K = 9·blocks` terms (8
-/// partial dots and 1 offset per block) in any order, so `(K + 3)·u·Σ_b mag_b`, plus
-/// [`TINY`] per term. The quantisation itself must be exact (it is compared bit for bit
-/// in the SIMD path tests).
+/// `y = W x̂` with `x̂` the reference 8-bit quantisation of `x` in the layout `W`'s format
+/// meets (`kvcore::backend::q8`): the formula's exact value from `q8::row_terms` (integer
+/// dot products, f64 scaling). Bound: every term carries at most 3 roundings (`d_w·d_a`,
+/// the conversion of a lane's integer sum to f32 when it exceeds `2^24`, its product with
+/// that sum, or the two of `m·(d_a·s)`), and a kernel sums at most `K = 9·blocks` terms
+/// (8 partial dots and 1 offset per activation block of 32 or 256) in any order, so
+/// `(K + 3)·u·Σ_b mag_b`, plus [`TINY`] per term. The quantisation itself must be exact
+/// (it is compared bit for bit in the SIMD path tests).
 pub fn gemv_q8(m: &Matrix, x: &[f32]) -> Vec<Bounded> {
-    let xq = kvcore::backend::Q8Acts::from_f32(x).expect("whole blocks");
+    let layout = Q8Layout::of(m.dtype).expect("a format with an 8-bit path");
+    let xq = Q8Acts::from_f32(layout, x).expect("whole blocks");
     let w = m.weights();
-    let k = 9.0 * (m.cols / kvcore::backend::QK) as f64;
+    let k = 9.0 * (m.cols / layout.block_len()) as f64;
     (0..m.rows)
         .map(|r| {
             let (value, mag) = kvcore::backend::q8::row_terms(&w, r, &xq)

@@ -150,7 +150,7 @@ impl Default for SharedBackend {
 /// The tests, each reporting the backend's name and the case on failure:
 /// - proptests (fixed RNG seed, so every run draws the same inputs; 48 cases each):
 ///   `gemv`, `gemm` (also against the backend's own GEMV), `quantized_vs_f32`,
-///   `gemv_q8`, `embed_row` (exact), `rope`, `attention_heads`, `attention`,
+///   `gemv_q8` (every format with an 8-bit path), `embed_row` (exact), `rope`, `attention_heads`, `attention`,
 ///   `attention_segments_do_not_change_bits`, `rms_norm`, `swiglu`, `geglu`, `add` (exact),
 ///   `softmax`;
 /// - SmolLM2-135M's shapes: `model_matmul_{f32,f16,bf16,q8_0,q4_0,q4_1}`,
@@ -223,10 +223,14 @@ macro_rules! conformance_suite {
 
                 #[test]
                 fn gemv_q8(
-                    dtype in prop::sample::select(vec![DType::Q8_0, DType::Q4_0, DType::Q4_1]),
+                    dtype in prop::sample::select(vec![
+                        DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K,
+                    ]),
                     blocks in 0usize..20, rows in dim(), seed in any::<u64>()
                 ) {
-                    conforms(b(), &GemvQ8::new(dtype, rows, blocks * 32, seed))?;
+                    // 0..640 columns, rounded up to whole blocks of the format.
+                    let cols = (blocks * 32).div_ceil(dtype.block_len()) * dtype.block_len();
+                    conforms(b(), &GemvQ8::new(dtype, rows, cols, seed))?;
                 }
 
                 #[test]
@@ -351,6 +355,11 @@ macro_rules! conformance_suite {
             #[test]
             fn model_matmul_gemma3() {
                 model::gemma3_matmuls_conform(b());
+            }
+
+            #[test]
+            fn model_matmul_gemma3_q8() {
+                model::gemma3_matmuls_q8_conform(b());
             }
 
             #[test]

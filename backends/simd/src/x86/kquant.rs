@@ -136,7 +136,7 @@ fn nibbles_to_weights(q: [__m256i; 4], f: impl Fn(usize, __m256i) -> __m256) -> 
 /// If `b.len() < at + 2`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     let bits = i32::from(u16::from_le_bytes([b[at], b[at + 1]]));
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }

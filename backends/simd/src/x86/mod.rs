@@ -16,7 +16,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use kvcore::backend::{DType, Q8Acts, Weights};
+use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
 
 /// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -43,9 +43,16 @@ impl Kernel for Avx2 {
         unsafe { quant::gemv(w, x, block_sums, y) }
     }
 
-    fn quantize_q8(self, x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
+    fn quantize_q8(
+        self,
+        layout: Q8Layout,
+        x: &[f32],
+        scales: &mut [f32],
+        sums: &mut [i32],
+        values: &mut [i8],
+    ) {
         // SAFETY: features detected (see above).
-        unsafe { q8::quantize(x, scales, sums, values) }
+        unsafe { q8::quantize(layout, x, scales, sums, values) }
     }
 
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {

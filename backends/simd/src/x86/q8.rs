@@ -5,8 +5,11 @@
 //!   `vcvtps2dq` (round to nearest, ties to even, under the default MXCSR), packed to
 //!   bytes with saturating packs (no value saturates: `|q| ≤ 127`). The sum `Σq` in i32.
 //!   Bit for bit the reference quantiser; non-finite and tiny blocks take its special
-//!   cases.
-//! - `gemv`: per row, per block: the 32 weight quants in one 256-bit register (`Q4_*`:
+//!   cases. `Q8_K` (blocks of 256) likewise, with `iscale = −127/max` from the signed
+//!   maximum and `min(·, 127)` (`quantize_q8_k`).
+//! - `gemv` of the 32-weight formats (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`; the K formats are
+//!   `dot_q4_k` and `dot_q6_k`, each documented there): per row, per block: the 32
+//!   weight quants in one 256-bit register (`Q4_*`, `Q5_0` with its fifth bits OR-ed in:
 //!   the 16 packed bytes, low nibbles in the low half and high nibbles in the high half,
 //!   matching activations `0..16, 16..32`; `Q8_0`: the 32 bytes), against the 32
 //!   activation bytes with `vpmaddubsw` (unsigned × signed bytes, pairs summed to i16:
@@ -26,8 +29,9 @@
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
 use super::dot::{hsum, load};
+use super::kquant::f16_at;
 use kvcore::backend::q8::Q8_MAX;
-use kvcore::backend::{DType, Q8Acts, QK, Weights};
+use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
 use std::arch::x86_64::*;
 
 /// The largest of the 8 lanes of `v` (no NaN lanes).
@@ -50,17 +54,113 @@ fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// Quantises `x` into `(scales, sums, values)`, bit for bit as `Q8Acts::quantize`.
+/// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
+/// `Q8Acts::quantize`.
 ///
 /// # Panics
-/// If the lengths are not `x: [32·k]`, `scales`, `sums: [k]`, `values: [32·k]`.
+/// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn quantize(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
-    assert!(x.len() == values.len() && x.len() == scales.len() * QK);
-    assert_eq!(scales.len(), sums.len());
+pub(super) fn quantize(
+    layout: Q8Layout,
+    x: &[f32],
+    scales: &mut [f32],
+    sums: &mut [i32],
+    values: &mut [i8],
+) {
+    match layout {
+        Q8Layout::Q8_0 => quantize_q8_0(x, scales, sums, values),
+        Q8Layout::Q8_K => quantize_q8_k(x, scales, sums, values),
+    }
+}
+
+/// The absolute values of `v`, whether any is NaN or infinite, and their maximum (only
+/// meaningful when none is).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn abs_max(v: &[__m256]) -> (bool, f32) {
     let sign = _mm256_set1_ps(-0.0);
     let inf = _mm256_set1_ps(f32::INFINITY);
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (mut bad, mut amax) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for &vi in v {
+        let a = _mm256_andnot_ps(sign, vi);
+        // |x| ≥ inf, or unordered (NaN).
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf));
+        amax = _mm256_max_ps(amax, a);
+    }
+    (_mm256_movemask_ps(bad) == 0, hmax(amax))
+}
+
+/// Four vectors of i32 lanes (values in `-127..=127`) packed to 32 bytes in order and
+/// stored to `q`.
+///
+/// # Panics
+/// If `q.len() < 32`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn store_packed(i: [__m256i; 4], q: &mut [i8]) {
+    assert!(q.len() >= 32);
+    // Bytes after the packs, per 128-bit half: i0[0..4] i1[0..4] i2[0..4] i3[0..4] |
+    // i0[4..8] ...; the permutation puts the 4-byte groups back in order.
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `q` holds at least 32 bytes (asserted); `storeu` has no alignment
+    // requirement.
+    unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), p) };
+}
+
+/// The `Q8_K` quantiser (`quantize` for that layout): per block of 256, `abs_max` over
+/// the 32 vectors, the signed maximum found by a scalar scan for the first `|x| = amax`
+/// (exact), `iscale = −127/max` in scalar f32, the products `iscale·x` in f32,
+/// `vcvtps2dq` (ties to even), `min(·, 127)` in i32, the packs of `quantize_q8_0` and the
+/// sums of 16 from the i32 lanes.
+#[target_feature(enable = "avx2,fma")]
+fn quantize_q8_k(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
+    let layout = Q8Layout::Q8_K;
+    let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
+    assert!(x.len() == values.len() && x.len() == scales.len() * block);
+    assert_eq!(sums.len(), scales.len() * per);
+    let cap = _mm256_set1_epi32(127);
+    let blocks = x
+        .chunks_exact(block)
+        .zip(values.chunks_exact_mut(block))
+        .zip(scales.iter_mut().zip(sums.chunks_exact_mut(per)));
+    for ((xb, qb), (d, s)) in blocks {
+        let v: Vec<__m256> = xb.chunks_exact(8).map(|c| load(c)).collect();
+        let (finite, amax) = abs_max(&v);
+        if !finite || amax / Q8_MAX < f32::MIN_POSITIVE {
+            qb.fill(0);
+            s.fill(0);
+            *d = if finite { 0.0 } else { f32::NAN };
+            continue;
+        }
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -Q8_MAX / max;
+        let iv = _mm256_set1_ps(iscale);
+        // 32 values per group: four vectors, two sums of 16.
+        for ((vg, qg), sg) in v
+            .chunks_exact(4)
+            .zip(qb.chunks_exact_mut(32))
+            .zip(s.chunks_exact_mut(2))
+        {
+            let i: [__m256i; 4] = std::array::from_fn(|l| {
+                _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vg[l], iv)), cap)
+            });
+            store_packed(i, qg);
+            sg[0] = hsum_i32(_mm256_add_epi32(i[0], i[1]));
+            sg[1] = hsum_i32(_mm256_add_epi32(i[2], i[3]));
+        }
+        *d = 1.0 / iscale;
+    }
+}
+
+/// The `Q8_0` quantiser (`quantize` for that layout).
+#[target_feature(enable = "avx2,fma")]
+fn quantize_q8_0(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
+    assert!(x.len() == values.len() && x.len() == scales.len() * QK);
+    assert_eq!(scales.len(), sums.len());
     let blocks = x
         .chunks_exact(QK)
         .zip(values.chunks_exact_mut(QK))
@@ -72,16 +172,7 @@ pub(super) fn quantize(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: 
             load(&xb[16..]),
             load(&xb[24..]),
         ];
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
-        // |x| ≥ inf, or unordered (NaN).
-        let bad = a.iter().fold(_mm256_setzero_ps(), |acc, &ai| {
-            _mm256_or_ps(acc, _mm256_cmp_ps::<_CMP_NLT_UQ>(ai, inf))
-        });
-        let finite = _mm256_movemask_ps(bad) == 0;
-        let amax = hmax(_mm256_max_ps(
-            _mm256_max_ps(a[0], a[1]),
-            _mm256_max_ps(a[2], a[3]),
-        ));
+        let (finite, amax) = abs_max(&v);
         let dd = amax / Q8_MAX;
         if !finite || dd < f32::MIN_POSITIVE {
             qb.fill(0);
@@ -91,33 +182,50 @@ pub(super) fn quantize(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: 
         let id = _mm256_set1_ps(1.0 / dd);
         let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
         let t = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-        // Bytes after the packs, per 128-bit half: i0[0..4] i1[0..4] i2[0..4] i3[0..4] |
-        // i0[4..8] ...; the permutation puts the 4-byte groups back in order.
-        let p = _mm256_packs_epi16(
-            _mm256_packs_epi32(i[0], i[1]),
-            _mm256_packs_epi32(i[2], i[3]),
-        );
-        let p = _mm256_permutevar8x32_epi32(p, order);
-        // SAFETY: `qb` is 32 bytes (a `chunks_exact(32)` chunk); `storeu` has no
-        // alignment requirement.
-        unsafe { _mm256_storeu_si256(qb.as_mut_ptr().cast(), p) };
+        store_packed(i, qb);
         (*d, *s) = (dd, hsum_i32(t));
     }
 }
 
-/// One row of `Q4_0` (`Q4_1 = false`) or `Q4_1` against `x` (module docs).
+/// The 32 bytes `16·bit_j` for bits `j = 0..32` of `qh` (a `Q5_0` block's fifth bits),
+/// byte `j` in lane `j`: each byte of `qh` broadcast to 8 lanes, tested against its bit.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fifth_bits(qh: u32) -> __m256i {
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(16))
+}
+
+/// One row of a 32-weight nibble format against `x` (module docs): `Q4_0`, `Q4_1` or
+/// `Q5_0` (`FMT` is its `DType` as `u8`, see [`nibble_format`]).
 ///
-/// Per block, the f16 `[d_w, m]` (`Q4_0`: `[d_w, d_w]`) times the activation block's
-/// `[d_a, d_a·s]` (`Q8Acts::scale_pairs`) in one 4-lane multiply: lane 0 is `d_w·d_a`
-/// (broadcast for the FMA), lane 1 the offset term (`Q4_0`: without its `−8`, applied to
-/// the sum), accumulated in lane 1 of a vector (the same sequential f32 sum as a scalar).
+/// Per block, the f16 `[d_w, m]` (`Q4_0`, `Q5_0`: `[d_w, d_w]`) times the activation
+/// block's `[d_a, d_a·s]` (`Q8Acts::scale_pairs`) in one 4-lane multiply: lane 0 is
+/// `d_w·d_a` (broadcast for the FMA), lane 1 the offset term (`Q4_0`, `Q5_0`: without
+/// its `−8` or `−16`, applied to the sum), accumulated in lane 1 of a vector (the same
+/// sequential f32 sum as a scalar). `Q5_0`'s fifth bits are OR-ed into the nibbles as
+/// `16·bit` bytes, so the unsigned weights `0..32` meet `vpmaddubsw` as `Q4_*`'s do (pair
+/// sums at most `2·31·127`).
 ///
 /// # Panics
 /// If `row` is not `x.len() / 32` blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts) -> f32 {
-    let (bytes, qs) = if Q4_1 { (20, 4) } else { (18, 2) };
+fn dot_nibbles<const FMT: u8>(row: &[u8], x: &Q8Acts) -> f32 {
+    let dtype = nibble_format(FMT);
+    let bytes = dtype.block_bytes();
+    // Where the packed nibbles start, and the offset applied to the sum of the offsets.
+    let (qs, offset) = match dtype {
+        DType::Q4_1 => (4, 1.0),
+        DType::Q5_0 => (6, -16.0),
+        _ => (2, -8.0),
+    };
     assert_eq!(row.len(), x.scales().len() * bytes);
     assert_eq!(x.scale_pairs().len(), 2 * x.scales().len());
     let mask = _mm256_set1_epi8(15);
@@ -132,7 +240,11 @@ fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts) -> f32 {
         assert!(b.len() >= qs + 16 && a.len() >= 32 && f.len() == 2);
         let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-        let dm = if Q4_1 { dm } else { _mm_moveldup_ps(dm) };
+        let dm = if dtype == DType::Q4_1 {
+            dm
+        } else {
+            _mm_moveldup_ps(dm)
+        };
         // SAFETY: bytes `qs..qs + 16` of the block, the 32 activation bytes and the two
         // factors are in bounds (asserted); `loadu`/`load_sd` have no alignment
         // requirement.
@@ -145,14 +257,149 @@ fn dot_q4<const Q4_1: bool>(row: &[u8], x: &Q8Acts) -> f32 {
         };
         let t = _mm_mul_ps(dm, fv);
         let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
+        let w = if dtype == DType::Q5_0 {
+            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
+        } else {
+            w
+        };
         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(t), _mm256_cvtepi32_ps(p), acc);
         offsets = _mm_add_ps(offsets, t);
     }
-    // `Q4_0`: the offsets were summed as `d_w·(d_a·s)`; `−8` scales the sum exactly (a
-    // power of two), the same value as summing the `−8·d_w·(d_a·s)` terms.
+    // `Q4_0`, `Q5_0`: the offsets were summed as `d_w·(d_a·s)`; `−8` or `−16` scales the
+    // sum exactly (a power of two), the same value as summing the `−8·d_w·(d_a·s)` terms.
     let offsets = _mm_cvtss_f32(_mm_movehdup_ps(offsets));
-    hsum(acc) + if Q4_1 { offsets } else { -8.0 * offsets }
+    hsum(acc) + offset * offsets
+}
+
+/// The format `dot_nibbles::<FMT>` reads.
+const fn nibble_format(fmt: u8) -> DType {
+    match fmt {
+        0 => DType::Q4_0,
+        1 => DType::Q4_1,
+        _ => DType::Q5_0,
+    }
+}
+
+/// One row of `Q4_K` against `Q8_K` activations `x` (module docs), per super-block:
+/// each pair of sub-blocks `2g, 2g + 1` shares 32 packed bytes (low and high nibbles);
+/// `vpmaddubsw` against the 32 activation bytes of each, then `vpmaddwd` by the
+/// sub-block's 6-bit scale (i32: at most `2·(2·15·127)·63` per lane and step, `3.9e6`
+/// per lane over the super-block, so the lanes convert to f32 exactly). One FMA by
+/// `d·d_a` per super-block; the minimums' integer `Σ_t m_t·(s_2t + s_2t+1)` in scalar
+/// i32 (exact, below `2^21`), times `dmin·d_a`, summed in a scalar and subtracted at the
+/// end.
+///
+/// # Panics
+/// If `row` is not `x.len() / 256` super-blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q4_k(row: &[u8], x: &Q8Acts) -> f32 {
+    let (bytes, block) = (DType::Q4_K.block_bytes(), Q8Layout::Q8_K.block_len());
+    let per = block / Q8Layout::Q8_K.sum_len();
+    assert_eq!(row.len(), x.scales().len() * bytes);
+    assert_eq!(x.sums().len(), x.scales().len() * per);
+    let mask = _mm256_set1_epi8(15);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    let blocks = row
+        .chunks_exact(bytes)
+        .zip(x.values().chunks_exact(block))
+        .zip(x.scales().iter().zip(x.sums().chunks_exact(per)));
+    for ((b, a), (&da, s)) in blocks {
+        assert!(b.len() == 144 && a.len() == 256 && s.len() == 16);
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let mut sumi = _mm256_setzero_si256();
+        let mut m_int = 0i32;
+        for g in 0..4 {
+            let (sc0, m0) = q4_k_scale_min(&b[4..16], 2 * g);
+            let (sc1, m1) = q4_k_scale_min(&b[4..16], 2 * g + 1);
+            // SAFETY: bytes `16 + 32g .. 48 + 32g ≤ 144` of the block and activation bytes
+            // `64g .. 64g + 64 ≤ 256` are in bounds (asserted); `loadu` has no alignment
+            // requirement.
+            let (packed, a0, a1) = unsafe {
+                (
+                    _mm256_loadu_si256(b.as_ptr().add(16 + 32 * g).cast()),
+                    _mm256_loadu_si256(a.as_ptr().add(64 * g).cast()),
+                    _mm256_loadu_si256(a.as_ptr().add(64 * g + 32).cast()),
+                )
+            };
+            let lo = _mm256_and_si256(packed, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+            let p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, a0),
+                _mm256_set1_epi16(i16::from(sc0)),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, a1),
+                _mm256_set1_epi16(i16::from(sc1)),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            m_int += i32::from(m0) * (s[4 * g] + s[4 * g + 1])
+                + i32::from(m1) * (s[4 * g + 2] + s[4 * g + 3]);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi), acc);
+        mins += (dmin * da) * m_int as f32;
+    }
+    hsum(acc) - mins
+}
+
+/// One row of `Q6_K` against `Q8_K` activations `x` (module docs), per super-block: chunk
+/// `c` (32 weights) is quarter `k = c mod 4` of half `n = c / 4` (the layout of
+/// `kvcore_scalar::quant`): nibble `k / 2` of `ql[64n + 32·(k mod 2)..]` and bits
+/// `2k, 2k + 1` of `qh[32n..]`, minus 32, as signed bytes `w ∈ −32..32`; `vpmaddubsw` of
+/// `|w|` against the activations with `w`'s sign (pairs at most `2·32·127`), then
+/// `vpmaddwd` by the two 16-weight scales of the chunk (low and high 128-bit half). The i32
+/// lanes reach at most `8·2·(2·32·127)·127 < 2^24` over the super-block, so they convert to
+/// f32 exactly; one FMA by `d·d_a` per super-block.
+///
+/// # Panics
+/// If `row` is not `x.len() / 256` super-blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_k(row: &[u8], x: &Q8Acts) -> f32 {
+    let (bytes, block) = (DType::Q6_K.block_bytes(), Q8Layout::Q8_K.block_len());
+    assert_eq!(row.len(), x.scales().len() * bytes);
+    let (m15, m3, m32) = (
+        _mm256_set1_epi8(15),
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(32),
+    );
+    let mut acc = _mm256_setzero_ps();
+    let blocks = row
+        .chunks_exact(bytes)
+        .zip(x.values().chunks_exact(block))
+        .zip(x.scales());
+    for ((b, a), &da) in blocks {
+        assert!(b.len() == 210 && a.len() == 256);
+        let d = f16_at(b, 208);
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..8 {
+            let (n, k) = (c / 4, c % 4);
+            // SAFETY: `ql` bytes `64n + 32·(k mod 2) + 0..32 < 128`, `qh` bytes
+            // `128 + 32n + 0..32 ≤ 192` and activation bytes `32c .. 32c + 32 ≤ 256` are in
+            // bounds (asserted); `loadu` has no alignment requirement.
+            let (low, high, av) = unsafe {
+                (
+                    _mm256_loadu_si256(b.as_ptr().add(64 * n + 32 * (k % 2)).cast()),
+                    _mm256_loadu_si256(b.as_ptr().add(128 + 32 * n).cast()),
+                    _mm256_loadu_si256(a.as_ptr().add(32 * c).cast()),
+                )
+            };
+            let l = _mm256_and_si256(
+                _mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (k / 2) as i32)),
+                m15,
+            );
+            let h = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * k as i32)), m3);
+            let w = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16::<4>(h)), m32);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w));
+            let (s0, s1) = (b[192 + 2 * c] as i8, b[193 + 2 * c] as i8);
+            let sc = _mm256_set_m128i(_mm_set1_epi16(i16::from(s1)), _mm_set1_epi16(i16::from(s0)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
 }
 
 /// One row of `Q8_0` against `x` (module docs).
@@ -209,8 +456,11 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
     // Plain loops (not closures) so the row kernels inline under this target feature.
     for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
         *yr = match dtype {
-            DType::Q4_1 => dot_q4::<true>(r, x),
-            DType::Q4_0 => dot_q4::<false>(r, x),
+            DType::Q4_0 => dot_nibbles::<0>(r, x),
+            DType::Q4_1 => dot_nibbles::<1>(r, x),
+            DType::Q5_0 => dot_nibbles::<2>(r, x),
+            DType::Q4_K => dot_q4_k(r, x),
+            DType::Q6_K => dot_q6_k(r, x),
             _ => dot_q8_0(r, x),
         };
     }
