@@ -5,7 +5,8 @@
 //! - `gemm`: `n = 1` is the GEMV. Otherwise `Y ← X Wᵀ` by `matrixmultiply::sgemm`:
 //!   directly on the stored values for aligned `F32` weights (strides express the
 //!   transpose, no copy), else on panels of [`PANEL_ROWS`] weight rows decoded into an
-//!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens.
+//!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens (for
+//!   `n ≤ SMALL_N` as plain dot products, without sgemm's packing).
 //! - `attention`: per query row and KV group, blocks of [`ATTN_BLOCK`] key rows scored
 //!   for every head of the group while they are in cache, the family's softmax (AVX2: a
 //!   vectorised `exp`), then the value rows block by block into every head's output.
@@ -26,6 +27,12 @@ use std::ops::Range;
 /// Weight rows decoded per GEMM panel: `64 × 1536 × 4` bytes = 384 KiB at SmolLM2's
 /// widest reduction, sized to stay in L2 while `sgemm` streams the tokens past it.
 pub(crate) const PANEL_ROWS: usize = 64;
+
+/// Up to this many tokens, a GEMM of stored (non-f32) weights dots each decoded panel row
+/// with each token instead of packing the panel for `sgemm`: the packing is linear in
+/// the weights and dominated a 6-token prefill of Gemma 3 (the products are only `n` per
+/// weight).
+pub(crate) const SMALL_N: usize = 8;
 
 /// `Σ x_j` over each 32-element block of `x`, left to right in f32 (`Q4_1` only).
 fn block_sums(dtype: DType, x: &[f32]) -> Vec<f32> {
@@ -74,6 +81,16 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
         let rb = w.row_bytes();
         let bytes = &w.data()[r0 * rb..(r0 + p) * rb];
         k.dequantize(w.dtype(), bytes, &mut panel[..p * cols]);
+        if n <= SMALL_N {
+            // A few tokens: packing the panel for sgemm costs more than the products;
+            // dot each decoded row with each token instead (`scores` with scale 1,
+            // exact), while the panel is in cache.
+            for (t, xt) in x.chunks_exact(cols).enumerate() {
+                let rows_of_panel = panel[..p * cols].chunks_exact(cols);
+                k.scores(xt, rows_of_panel, 1.0, &mut y[t * rows + r0..][..p]);
+            }
+            continue;
+        }
         sgemm(Gemm {
             x,
             n,
