@@ -171,3 +171,28 @@ fn a_session_file_is_reused() {
     let plain = run(longer, false);
     assert_eq!(second["tokens"], plain["tokens"]);
 }
+
+/// `kvcore bench gemma3` at a depth past the window: the default store is the windowed
+/// one, holding 15 window layers × 512 positions and 3 global layers × their capacity
+/// (1024 for 601 positions, GrowKv's doubling), rows of 2 × 256 f32.
+#[test]
+fn bench_at_depth_uses_the_windowed_store() {
+    let (stdout, _) = succeeds(&kvcore(
+        &[
+            "bench", "gemma3", "-d", "600", "-p", "1", "-n", "1", "-r", "1", "-c", "2048", "--json",
+        ],
+        "",
+    ));
+    let runs: Vec<Value> = serde_json::from_str(&stdout).expect("a JSON list");
+    assert_eq!(runs.len(), 2, "{stdout}");
+    let row = 2 * 256 * 4;
+    for r in &runs {
+        assert_eq!(r["depth"], 600);
+        assert!(r["median_tok_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(
+            uint(r, "kv_bytes"),
+            ((15 * 512 + 3 * 1024) * row) as u64,
+            "{r}"
+        );
+    }
+}
