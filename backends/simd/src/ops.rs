@@ -62,6 +62,12 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
         // The stored bytes are the values; the cast fails only for a view that is not
         // 4-byte aligned (`Weights` does not require it), which takes the panel path.
         if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(w.data()) {
+            if n <= SMALL_N {
+                // The same products as a decoded panel's below, so a stored format's GEMM
+                // equals the GEMM of its f32 copy bit for bit at every `n`.
+                small_gemm(k, values, x, cols, rows, 0, y);
+                return;
+            }
             sgemm(Gemm {
                 x,
                 n,
@@ -82,13 +88,7 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
         let bytes = &w.data()[r0 * rb..(r0 + p) * rb];
         k.dequantize(w.dtype(), bytes, &mut panel[..p * cols]);
         if n <= SMALL_N {
-            // A few tokens: packing the panel for sgemm costs more than the products;
-            // dot each decoded row with each token instead (`scores` with scale 1,
-            // exact), while the panel is in cache.
-            for (t, xt) in x.chunks_exact(cols).enumerate() {
-                let rows_of_panel = panel[..p * cols].chunks_exact(cols);
-                k.scores(xt, rows_of_panel, 1.0, &mut y[t * rows + r0..][..p]);
-            }
+            small_gemm(k, &panel[..p * cols], x, cols, rows, r0, y);
             continue;
         }
         sgemm(Gemm {
@@ -101,6 +101,24 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
             y_col: r0,
             y_stride: rows,
         });
+    }
+}
+
+/// `Y[:, r0 .. r0 + p] ← X Wᵀ` for a few tokens and `p` f32 weight rows `w: [p, cols]`:
+/// each row dotted with each token (`scores` with scale 1, exact), while the rows are in
+/// cache. Packing them for sgemm would cost more than the `n` products per weight.
+fn small_gemm<K: Kernel>(
+    k: K,
+    w: &[f32],
+    x: &[f32],
+    cols: usize,
+    rows: usize,
+    r0: usize,
+    y: &mut [f32],
+) {
+    let p = w.len() / cols;
+    for (t, xt) in x.chunks_exact(cols).enumerate() {
+        k.scores(xt, w.chunks_exact(cols), 1.0, &mut y[t * rows + r0..][..p]);
     }
 }
 
