@@ -126,16 +126,7 @@ fn perplexity_is_the_definition_with_bos() {
     let model = Llama::load(file, Simd::new()).unwrap();
     let mut kv = GrowKv::new(model.kv_geometry(), ctx).unwrap();
     let logits = model.forward(&mut kv, &chunk, Logits::All).unwrap();
-    let (mut nll, mut n) = (0.0f64, 0usize);
-    for j in ctx / 2..ctx - 1 {
-        let row = logits.row(j);
-        let max = row
-            .iter()
-            .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
-        let z: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-        nll += max + z.ln() - f64::from(row[chunk[j + 1] as usize]);
-        n += 1;
-    }
+    let (nll, n) = second_half_nll(&logits, &chunk);
     let want = (nll / n as f64).exp();
     assert_eq!(v["tokens_scored"], n);
     let got = v["ppl"].as_f64().unwrap();

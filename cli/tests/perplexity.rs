@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{TempDir, json_lines, kvcore, smollm2, succeeds};
+use common::{TempDir, json_lines, kvcore, second_half_nll, smollm2, succeeds};
 use kvcore::GrowKv;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Logits};
@@ -55,15 +55,9 @@ fn the_printed_perplexity_is_the_definition() {
     for chunk in ids.chunks(ctx).take(chunks) {
         let mut kv = GrowKv::new(model.kv_geometry(), ctx).unwrap();
         let logits = model.forward(&mut kv, chunk, Logits::All).unwrap();
-        for j in ctx / 2..ctx - 1 {
-            let row = logits.row(j);
-            let max = row
-                .iter()
-                .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
-            let z: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-            nll += max + z.ln() - f64::from(row[chunk[j + 1] as usize]);
-            n += 1;
-        }
+        let (chunk_nll, chunk_n) = second_half_nll(&logits, chunk);
+        nll += chunk_nll;
+        n += chunk_n;
     }
     let want = (nll / n as f64).exp();
     assert_eq!(v["tokens_scored"], n);

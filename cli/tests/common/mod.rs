@@ -90,3 +90,21 @@ pub fn uint(v: &Value, key: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
 }
+
+/// The negative log-likelihood, in f64, of the second half of one chunk scored by every
+/// position's logits (positions `ctx/2 .. ctx − 1` predicting the next id), as
+/// llama-perplexity counts it: `(Σ nll, positions)`.
+pub fn second_half_nll(logits: &kvcore::ndarray::Array2<f32>, chunk: &[u32]) -> (f64, usize) {
+    let ctx = chunk.len();
+    let (mut nll, mut n) = (0.0f64, 0usize);
+    for j in ctx / 2..ctx - 1 {
+        let row = logits.row(j);
+        let max = row
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+        let z: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+        nll += max + z.ln() - f64::from(row[chunk[j + 1] as usize]);
+        n += 1;
+    }
+    (nll, n)
+}
