@@ -28,6 +28,8 @@ pub mod quant;
 mod rope;
 mod softmax;
 
+pub use softmax::softmax_max;
+
 use kvcore::backend::{AttnParams, Backend, Rope, ShapeError, Weights, check};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};

@@ -21,17 +21,28 @@ use kvcore::backend::{AttnParams, ShapeError};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
-/// Softmax of `x` in place (see the module docs for the −∞ row). Empty input is a no-op.
-pub(crate) fn softmax(x: &mut [f32]) {
+/// The maximum of a softmax row, or `None` once the row's outcome is settled without
+/// exponentials (see the module docs): a row holding a NaN becomes all NaN, an all-`−∞`
+/// (or empty) row all zeros. Shared by every softmax implementation, so they agree on
+/// the special rows.
+pub fn softmax_max(x: &mut [f32]) -> Option<f32> {
     if x.iter().any(|v| v.is_nan()) {
         x.fill(f32::NAN);
-        return;
+        return None;
     }
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
-        return;
+        return None;
     }
+    Some(max)
+}
+
+/// Softmax of `x` in place (see the module docs for the −∞ row). Empty input is a no-op.
+pub(crate) fn softmax(x: &mut [f32]) {
+    let Some(max) = softmax_max(x) else {
+        return;
+    };
     let mut sum = 0.0f32;
     for v in x.iter_mut() {
         *v = (*v - max).exp();

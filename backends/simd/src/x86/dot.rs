@@ -197,15 +197,9 @@ pub(super) fn exp8(x: __m256) -> __m256 {
 /// Softmax of `x` in place (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn softmax(x: &mut [f32]) {
-    if x.iter().any(|v| v.is_nan()) {
-        x.fill(f32::NAN);
+    let Some(max) = kvcore_scalar::softmax_max(x) else {
         return;
-    }
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max == f32::NEG_INFINITY {
-        x.fill(0.0);
-        return;
-    }
+    };
     let m = _mm256_set1_ps(max);
     let mut sum = _mm256_setzero_ps();
     let mut chunks = x.chunks_exact_mut(8);
