@@ -11,7 +11,8 @@
 //!   (also after a truncation left `w − 1` positions) and continue as if never saved;
 //!   a windowed file does not load into a dense store, a dense one not into a windowed
 //!   store, nor one of other windows, and each refusal leaves the session unchanged;
-//!   version-1 files of full stores still load into stores without windows.
+//!   version-1 files of full stores still load into stores without windows;
+//! - `Session::load` builds the model's own (windowed) store and continues bitwise.
 
 use kvcore::gguf::GgufFile;
 use kvcore::model::Llama;
@@ -209,6 +210,35 @@ fn windowed_files_hold_the_retained_rows_and_continue_bitwise() {
             assert_eq!(bits(&a), bits(&b));
             session.decode(&model, id).unwrap();
         }
+    }
+}
+
+#[test]
+fn session_load_builds_the_models_windowed_store() {
+    let model = model();
+    let mut session = Session::new(model.new_kv(CONTEXT).unwrap());
+    session.prefill(&model, &ids(30, 9)).unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "kvcore-session-window-{}.session",
+        std::process::id()
+    ));
+    session.save_with_meta(&model, &path, b"turns").unwrap();
+    let loaded = Session::load_with_meta(&path, &model);
+    let _ = std::fs::remove_file(&path);
+    let (mut loaded, meta) = loaded.unwrap();
+    assert_eq!(meta, b"turns");
+    // The model's store: every layer of the tiny file is a window layer.
+    for layer in 0..model.kv_geometry().n_layers {
+        assert_eq!(loaded.kv().window(layer), Some(WINDOW), "layer {layer}");
+    }
+    assert_eq!(loaded.kv().max_ctx(), CONTEXT);
+    assert_eq!(snapshot(&loaded).rows, snapshot(&session).rows);
+    for id in [4, 8, 15, 16, 23, 42] {
+        let (a, b) = (
+            session.decode(&model, id).unwrap(),
+            loaded.decode(&model, id).unwrap(),
+        );
+        assert_eq!(bits(&a), bits(&b));
     }
 }
 

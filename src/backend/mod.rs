@@ -255,6 +255,23 @@ pub trait Backend: Send + Sync {
         q8::gemv_reference(w, x, y)
     }
 
+    /// GEMM with 8-bit activations for a few tokens (a short prefill with
+    /// [`Activations::Q8`](crate::model::Activations::Q8)): `Y[t] ← W x̂_t` for each
+    /// quantised token `x̂_t = x[t]` (as [`gemv_q8`](Backend::gemv_q8) takes it),
+    /// `y: [n, rows]`. Row `t` of `Y` is bit for bit `gemv_q8(W, x[t])`: an implementation
+    /// may share the weights' trips through memory between the tokens, not change a
+    /// token's arithmetic. The default runs `gemv_q8` per token.
+    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemm_q8(w, x, y)?;
+        if w.rows() == 0 {
+            return Ok(());
+        }
+        for (xt, yt) in x.iter().zip(y.chunks_exact_mut(w.rows())) {
+            self.gemv_q8(w, xt, yt)?;
+        }
+        Ok(())
+    }
+
     /// GEMM, the prefill path: `Y ← X Wᵀ`.
     ///
     /// `w: [rows, cols]`, `x: [n, cols]`, `y: [n, rows]`, with `n = x.len() / cols`.
@@ -343,6 +360,9 @@ impl<B: Backend + ?Sized> Backend for &B {
     }
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemv_q8(w, x, y)
+    }
+    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+        (**self).gemm_q8(w, x, y)
     }
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         (**self).gemm(w, x, y)

@@ -152,6 +152,20 @@ pub mod check {
         len("gemv_q8 y", y.len(), w.rows())
     }
 
+    /// 8-bit activations for `n = x.len()` tokens, each as [`gemv_q8`] requires it;
+    /// `y: [n, rows]`. Returns `n`.
+    pub fn gemm_q8(
+        w: &Weights<'_>,
+        x: &[crate::backend::Q8Acts],
+        y: &[f32],
+    ) -> Result<usize, ShapeError> {
+        len("gemm_q8 y", y.len(), x.len().saturating_mul(w.rows()))?;
+        for xt in x {
+            gemv_q8(w, xt, &y[..w.rows()])?;
+        }
+        Ok(x.len())
+    }
+
     /// `x: [n, cols]`, `y: [n, rows]`; returns `n`.
     pub fn gemm(w: &Weights<'_>, x: &[f32], y: &[f32]) -> Result<usize, ShapeError> {
         if w.cols() == 0 {

@@ -30,10 +30,12 @@
 //! format; only the tiny norm vectors are decoded to f32 at load.
 //!
 //! Activations are f32 by default. With [`Activations::Q8`] (llama.cpp's numerics) a
-//! one-token pass quantises each matmul input to 8 bits once — `xn` for q/k/v and for
-//! gate/up, the attention output, the SwiGLU output, the final `xn` — and runs the
-//! block-quantised matrices through `Backend::gemv_q8` (integer dot products; see
-//! `backend::q8`). Plain-format matrices and multi-token passes (prefill, GEMM) stay f32.
+//! pass of up to [`Q8_MAX_TOKENS`] tokens quantises each matmul input to 8 bits once —
+//! `xn` for q/k/v and for gate/up, the attention output, the SwiGLU output, the final
+//! `xn`, each token's row on its own — and runs the block-quantised matrices through
+//! `Backend::gemv_q8` (one token) or `Backend::gemm_q8` (a few, bit for bit each token's
+//! GEMV), with integer dot products (see `backend::q8`). Plain-format matrices and longer
+//! passes (a prefill of more tokens: f32 GEMM) stay f32.
 
 use super::{FfnActivation, LlamaConfig, ModelError};
 use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
@@ -53,6 +55,13 @@ pub enum Logits {
     None,
 }
 
+/// The most tokens a pass quantises its matmul inputs for with [`Activations::Q8`]: a
+/// short prompt (a chat turn's few new tokens, the first tokens of a conversation) then
+/// reads each weight panel once for all of them through integer dots, where the f32 GEMM
+/// would decode every weight to f32 for only this many products. Longer prefills take the
+/// f32 GEMM, whose decoded panels serve hundreds of tokens.
+pub const Q8_MAX_TOKENS: usize = 8;
+
 /// The precision of the activations entering the decode GEMVs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -61,9 +70,9 @@ pub enum Activations {
     /// float64 forward pass.
     #[default]
     F32,
-    /// 8-bit activations against block-quantised weights in one-token passes, as
-    /// llama.cpp computes: faster, and further from the float64 reference (see
-    /// `backend::q8`).
+    /// 8-bit activations against block-quantised weights in passes of up to
+    /// [`Q8_MAX_TOKENS`] tokens, as llama.cpp computes: faster, and further from the
+    /// float64 reference (see `backend::q8`).
     Q8,
 }
 
@@ -85,7 +94,8 @@ impl Activations {
 /// `Q8_0`), so an input is quantised at most once per layout.
 struct Input<'x> {
     x: &'x Array2<f32>,
-    q8: Option<[OnceCell<Q8Acts>; 2]>,
+    /// Per layout, one quantised row per token.
+    q8: Option<[OnceCell<Vec<Q8Acts>>; 2]>,
 }
 
 /// Index of a matrix tensor in the file, with its shape checked at load.
@@ -272,9 +282,9 @@ impl<B: Backend> Llama<B> {
     }
 
     /// `x` as a matmul input, to be quantised to 8 bits too (on first use, per layout)
-    /// when the model uses [`Activations::Q8`] and `x` is one token.
+    /// when the model uses [`Activations::Q8`] and `x` is at most [`Q8_MAX_TOKENS`] tokens.
     fn input<'x>(&self, x: &'x Array2<f32>) -> Result<Input<'x>, ModelError> {
-        let q8 = (self.activations == Activations::Q8 && x.nrows() == 1)
+        let q8 = (self.activations == Activations::Q8 && x.nrows() <= Q8_MAX_TOKENS)
             .then(|| [OnceCell::new(), OnceCell::new()]);
         Ok(Input { x, q8 })
     }
@@ -284,7 +294,7 @@ impl<B: Backend> Llama<B> {
         &self,
         x: &'i Input<'_>,
         layout: Q8Layout,
-    ) -> Result<Option<&'i Q8Acts>, ModelError> {
+    ) -> Result<Option<&'i [Q8Acts]>, ModelError> {
         let Some(cells) = &x.q8 else {
             return Ok(None);
         };
@@ -295,15 +305,19 @@ impl<B: Backend> Llama<B> {
         if let Some(q) = cell.get() {
             return Ok(Some(q));
         }
-        let mut q = Q8Acts::new();
-        let xs = x.x.as_slice().expect("activations are standard-layout");
-        self.backend.quantize_q8(layout, xs, &mut q)?;
-        Ok(Some(cell.get_or_init(|| q)))
+        let mut rows = Vec::with_capacity(x.x.nrows());
+        for row in x.x.rows() {
+            let mut q = Q8Acts::new();
+            let xs = row.to_slice().expect("activations are standard-layout");
+            self.backend.quantize_q8(layout, xs, &mut q)?;
+            rows.push(q);
+        }
+        Ok(Some(cell.get_or_init(|| rows)))
     }
 
-    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token (with the 8-bit input in the
-    /// layout `W`'s format meets, when the model uses 8-bit activations and `W` is
-    /// block-quantised), a GEMM for several.
+    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several (with the
+    /// 8-bit input in the layout `W`'s format meets, when the model uses 8-bit
+    /// activations, `W` is block-quantised and `n ≤ Q8_MAX_TOKENS`).
     fn matmul(&self, m: MatRef, x: &Input<'_>) -> Result<Array2<f32>, ModelError> {
         let w = self.weights(m);
         let n = x.x.nrows();
@@ -311,11 +325,12 @@ impl<B: Backend> Llama<B> {
         let xs = x.x.as_slice().expect("activations are standard-layout");
         let ys = y.as_slice_mut().expect("fresh array is standard-layout");
         let q = match Q8Layout::of(w.dtype()) {
-            Some(layout) if n == 1 => self.input_q8(x, layout)?,
-            _ => None,
+            Some(layout) => self.input_q8(x, layout)?,
+            None => None,
         };
         match q {
-            Some(q) => self.backend.gemv_q8(&w, q, ys)?,
+            Some([q]) => self.backend.gemv_q8(&w, q, ys)?,
+            Some(q) => self.backend.gemm_q8(&w, q, ys)?,
             None if n == 1 => self.backend.gemv(&w, xs, ys)?,
             None => self.backend.gemm(&w, xs, ys)?,
         }

@@ -13,7 +13,7 @@ pub mod sample;
 
 pub use config::{Arch, FfnActivation, LayerConfig, LlamaConfig};
 pub use generate::{GenStats, Generation, generate};
-pub use llama::{Activations, Llama, Logits};
+pub use llama::{Activations, Llama, Logits, Q8_MAX_TOKENS};
 pub use sample::{Sampler, SamplerParams, Sampling};
 
 use crate::backend::ShapeError;

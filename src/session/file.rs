@@ -64,7 +64,7 @@ use thiserror::Error;
 
 use super::Session;
 use crate::backend::Backend;
-use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType};
+use crate::kv::{Append, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType};
 use crate::model::Llama;
 
 /// The first 8 bytes of every session file.
@@ -949,13 +949,16 @@ impl<K: KvStore> Session<K> {
     }
 }
 
-impl Session<GrowKv> {
-    /// A new session on a [`GrowKv`] whose ceiling is the model's trained context, holding
-    /// the file at `path`. See [`load_with_meta`](Self::load_with_meta).
+impl Session<Box<dyn KvStore>> {
+    /// A new session on the model's own store ([`Llama::new_kv`]: a
+    /// [`GrowKv`](crate::kv::GrowKv) for an all-global model, a
+    /// [`WindowKv`](crate::kv::WindowKv) when some layers attend through a sliding window)
+    /// whose ceiling is the model's trained context, holding the file at `path`. See
+    /// [`load_with_meta`](Self::load_with_meta).
     pub fn load<B: Backend>(
         path: impl AsRef<Path>,
         model: &Llama<B>,
-    ) -> Result<Session<GrowKv>, SessionError> {
+    ) -> Result<Self, SessionError> {
         Ok(Self::load_with_meta(path, model)?.0)
     }
 
@@ -966,8 +969,8 @@ impl Session<GrowKv> {
     pub fn load_with_meta<B: Backend>(
         path: impl AsRef<Path>,
         model: &Llama<B>,
-    ) -> Result<(Session<GrowKv>, Vec<u8>), SessionError> {
-        let kv = model.new_grow_kv(model.config().context_len)?;
+    ) -> Result<(Self, Vec<u8>), SessionError> {
+        let kv = model.new_kv(model.config().context_len)?;
         let mut session = Session::new(kv);
         let meta = session.restore(model, path)?;
         Ok((session, meta))

@@ -90,6 +90,10 @@ impl<B: Backend> Backend for FailingBackend<B> {
         self.check()?;
         self.inner.gemv_q8(w, x, y)
     }
+    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+        self.check()?;
+        self.inner.gemm_q8(w, x, y)
+    }
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         self.check()?;
         self.inner.gemm(w, x, y)

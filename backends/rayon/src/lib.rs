@@ -53,7 +53,7 @@ pub use error::RayonError;
 
 use kvcore::backend::{AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check};
 use kvcore::kv::KvView;
-use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, Slice};
+use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Slice};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -118,6 +118,48 @@ impl<B: Backend> Rayon<B> {
         })
     }
 
+    /// A GEMM `y: [n, rows]` split over weight rows: each piece runs `gemm` on its rows
+    /// into its worker's `[n, len]` scratch (kept between calls: a prefill's activations
+    /// are megabytes, which a fresh allocation per call would fault in page by page) and
+    /// copies it into its own column block of `Y`. Small products run whole.
+    fn split_columns(
+        &self,
+        w: &Weights<'_>,
+        n: usize,
+        y: &mut [f32],
+        gemm: impl Fn(&Weights<'_>, &mut [f32]) -> Result<(), ShapeError> + Sync,
+    ) -> Result<(), ShapeError> {
+        let rows = w.rows();
+        if n.saturating_mul(rows).saturating_mul(w.cols()) < PAR_MIN_MACS {
+            return gemm(w, y);
+        }
+        let rc = self.chunk(rows, ALIGN);
+        let mut y = ArrayViewMut2::from_shape((n, rows), y).expect("checked: y is [n, rows]");
+        let blocks: Vec<(usize, ArrayViewMut2<'_, f32>)> = y
+            .axis_chunks_iter_mut(Axis(1), rc)
+            .enumerate()
+            .map(|(i, block)| (i * rc, block))
+            .collect();
+        self.pool.install(|| {
+            blocks.into_par_iter().try_for_each(|(start, mut block)| {
+                let range = start..start + block.ncols();
+                GEMM_PART.with_borrow_mut(|part| {
+                    // `gemm` writes every output, so old contents may stay.
+                    let len = n * range.len();
+                    if part.len() < len {
+                        part.resize(len, 0.0);
+                    }
+                    let part = &mut part[..len];
+                    gemm(&w.slice_rows(range.clone()), part)?;
+                    let part = ArrayView2::from_shape((n, range.len()), &part[..])
+                        .expect("sized just above");
+                    block.assign(&part);
+                    Ok(())
+                })
+            })
+        })
+    }
+
     /// Pieces a parallel call aims for (several per worker, for balance).
     fn tasks(&self) -> usize {
         self.threads * split::TASKS_PER_THREAD
@@ -127,6 +169,11 @@ impl<B: Backend> Rayon<B> {
     fn chunk(&self, total: usize, align: usize) -> usize {
         chunk_len(total, self.threads, align)
     }
+}
+
+thread_local! {
+    /// A worker's piece of a GEMM output, `[n, len]`, reused by every call on that worker.
+    static GEMM_PART: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl<B: Backend> Backend for Rayon<B> {
@@ -194,33 +241,14 @@ impl<B: Backend> Backend for Rayon<B> {
         self.split_rows(w, y, |w, y| self.inner.gemv_q8(w, x, y))
     }
 
+    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+        let n = check::gemm_q8(w, x, y)?;
+        self.split_columns(w, n, y, |w, part| self.inner.gemm_q8(w, x, part))
+    }
+
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         let n = check::gemm(w, x, y)?;
-        let rows = w.rows();
-        if n.saturating_mul(rows).saturating_mul(w.cols()) < PAR_MIN_MACS {
-            return self.inner.gemm(w, x, y);
-        }
-        let rc = self.chunk(rows, ALIGN);
-        // Each piece computes `Y[:, start..start+len]` into its own `[n, len]` scratch.
-        let pieces: Vec<(usize, Vec<f32>)> = self.pool.install(|| {
-            (0..rows.div_ceil(rc))
-                .into_par_iter()
-                .map(|i| {
-                    let range = i * rc..((i + 1) * rc).min(rows);
-                    let mut part = vec![0.0; n * range.len()];
-                    self.inner
-                        .gemm(&w.slice_rows(range.clone()), x, &mut part)?;
-                    Ok((range.start, part))
-                })
-                .collect::<Result<_, ShapeError>>()
-        })?;
-        for (start, part) in &pieces {
-            let len = part.len() / n;
-            for (yt, pt) in y.chunks_exact_mut(rows).zip(part.chunks_exact(len)) {
-                yt[*start..*start + len].copy_from_slice(pt);
-            }
-        }
-        Ok(())
+        self.split_columns(w, n, y, |w, part| self.inner.gemm(w, x, part))
     }
 
     fn rope(

@@ -65,6 +65,24 @@ pub(crate) trait Kernel: Copy {
         kvcore_scalar::Scalar.softmax(x)
     }
 
+    /// SwiGLU `out ← silu(gate) ⊙ up` within the conformance bound. The default is the
+    /// scalar reference (exact `exp`).
+    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        use kvcore::backend::Backend;
+        kvcore_scalar::Scalar
+            .swiglu(gate, up, out)
+            .expect("lengths checked by the caller");
+    }
+
+    /// GeGLU `out ← gelu_tanh(gate) ⊙ up` within the conformance bound. The default is the
+    /// scalar reference (exact `tanh`).
+    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        use kvcore::backend::Backend;
+        kvcore_scalar::Scalar
+            .geglu(gate, up, out)
+            .expect("lengths checked by the caller");
+    }
+
     /// `Σ x_j²` in f32.
     fn sum_squares(self, x: &[f32]) -> f32;
 

@@ -19,8 +19,10 @@
 //! | `softmax` | AVX2: a vectorised `exp` within 3 ulps (`x86/dot.rs`); NEON: the scalar reference |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
-//! | `rope`, `swiglu`, `geglu`, `embed_row` | the scalar reference (`exp`, `sin`/`cos` are the cost, not the loop) |
+//! | `swiglu`, `geglu` | AVX2: `g / (1 + e^k)` with the vectorised `exp` (`x86/dot.rs`); NEON: the scalar reference |
+//! | `rope`, `embed_row` | the scalar reference |
 //! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
+//! | `gemm_q8` | per panel of 64 weight rows, `gemv_q8` of each token (so each token's row is bit for bit its GEMV) |
 //! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`) |
 //!
 //! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),
@@ -192,6 +194,20 @@ impl Backend for Simd {
         Ok(())
     }
 
+    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+        check::gemm_q8(w, x, y)?;
+        dispatch!(
+            self,
+            k => ops::gemm_q8(k, w, x, y),
+            scalar => {
+                for (xt, yt) in x.iter().zip(y.chunks_exact_mut(w.rows().max(1))) {
+                    q8::gemv_reference(w, xt, yt)?;
+                }
+            }
+        );
+        Ok(())
+    }
+
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemm(w, x, y)?;
         kvcore_scalar::quant::check_format("simd gemm", w.dtype())?;
@@ -243,11 +259,17 @@ impl Backend for Simd {
     }
 
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        Scalar.swiglu(gate, up, out)
+        check::same_len("swiglu up", gate.len(), up.len())?;
+        check::same_len("swiglu out", gate.len(), out.len())?;
+        dispatch!(self, k => kernel::Kernel::swiglu(k, gate, up, out), scalar => Scalar.swiglu(gate, up, out)?);
+        Ok(())
     }
 
     fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        Scalar.geglu(gate, up, out)
+        check::same_len("geglu up", gate.len(), up.len())?;
+        check::same_len("geglu out", gate.len(), out.len())?;
+        dispatch!(self, k => kernel::Kernel::geglu(k, gate, up, out), scalar => Scalar.geglu(gate, up, out)?);
+        Ok(())
     }
 
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {

@@ -4,9 +4,10 @@
 //!   `Σ x_j` are computed once here and shared by every row.
 //! - `gemm`: `n = 1` is the GEMV. Otherwise `Y ← X Wᵀ` by `matrixmultiply::sgemm`:
 //!   directly on the stored values for aligned `F32` weights (strides express the
-//!   transpose, no copy), else on panels of [`PANEL_ROWS`] weight rows decoded into an
-//!   f32 scratch `[PANEL_ROWS, cols]`, so each decoded row serves all `n` tokens (for
-//!   `n ≤ SMALL_N` as plain dot products, without sgemm's packing).
+//!   transpose, no copy), else on panels of weight rows decoded into an f32 scratch, so
+//!   each decoded row serves all `n` tokens: for `n ≤ SMALL_N` panels of [`PANEL_ROWS`]
+//!   as plain dot products, without sgemm's packing; else panels of up to
+//!   [`SGEMM_PANEL_BYTES`] for `sgemm` (which packs `X` once per panel).
 //! - `attention`: per query row and KV group, blocks of [`ATTN_BLOCK`] key rows scored
 //!   for every head of the group while they are in cache, the family's softmax (AVX2: a
 //!   vectorised `exp`), then the value rows block by block into every head's output.
@@ -19,14 +20,32 @@
 
 use crate::kernel::Kernel;
 use crate::sgemm::{Gemm, sgemm};
-use kvcore::backend::{AttnParams, DType, QK, ShapeError, Weights};
+use kvcore::backend::{AttnParams, DType, Q8Acts, QK, ShapeError, Weights};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
-/// Weight rows decoded per GEMM panel: `64 × 1536 × 4` bytes = 384 KiB at SmolLM2's
-/// widest reduction, sized to stay in L2 while `sgemm` streams the tokens past it.
+/// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 × 4`
+/// bytes = 512 KiB at the widest reduction of the two models, in L2 while the tokens are
+/// dotted with it.
 pub(crate) const PANEL_ROWS: usize = 64;
+
+/// The f32 bytes of one decoded panel for `sgemm` (`n > SMALL_N`). Each `sgemm` call packs
+/// all of `X` again, so a panel must be wide enough for that to be small beside the
+/// `rows · n · cols` products: with 64-row panels the packing was 24 % of a 696-token
+/// Gemma 3 prefill (perf), as much as a quarter of the micro-kernel's time. 2 MiB holds
+/// 256 rows at `cols = 2048` and 819 at 640, and stays within a core's share of L3.
+pub(crate) const SGEMM_PANEL_BYTES: usize = 2 << 20;
+
+/// Weight rows per decoded panel for `n` tokens and reduction `cols`: [`PANEL_ROWS`] for
+/// a few tokens, else as many as fit [`SGEMM_PANEL_BYTES`] (a multiple of 8, at least
+/// [`PANEL_ROWS`]).
+fn panel_rows(n: usize, cols: usize) -> usize {
+    if n <= SMALL_N {
+        return PANEL_ROWS;
+    }
+    (SGEMM_PANEL_BYTES / (4 * cols) / 8 * 8).max(PANEL_ROWS)
+}
 
 /// Up to this many tokens, a GEMM of stored (non-f32) weights dots each decoded panel row
 /// with each token instead of packing the panel for `sgemm`: the packing is linear in
@@ -81,9 +100,31 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
             return;
         }
     }
-    let mut panel = vec![0.0f32; PANEL_ROWS.min(rows) * cols];
-    for r0 in (0..rows).step_by(PANEL_ROWS) {
-        let p = PANEL_ROWS.min(rows - r0);
+    let panel_rows = panel_rows(n, cols);
+    let len = panel_rows.min(rows) * cols;
+    PANEL.with_borrow_mut(|panel| {
+        // Every entry used is decoded before it is read, so old contents may stay.
+        if panel.len() < len {
+            panel.resize(len, 0.0);
+        }
+        panels(k, w, x, y, panel_rows, &mut panel[..len]);
+    });
+}
+
+/// The panel loop of [`gemm`] for stored formats, in `panel`'s scratch
+/// (`[panel_rows.min(rows), cols]`).
+fn panels<K: Kernel>(
+    k: K,
+    w: &Weights<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    panel_rows: usize,
+    panel: &mut [f32],
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let n = x.len() / cols;
+    for r0 in (0..rows).step_by(panel_rows) {
+        let p = panel_rows.min(rows - r0);
         let rb = w.row_bytes();
         let bytes = &w.data()[r0 * rb..(r0 + p) * rb];
         k.dequantize(w.dtype(), bytes, &mut panel[..p * cols]);
@@ -101,6 +142,21 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
             y_col: r0,
             y_stride: rows,
         });
+    }
+}
+
+/// `Y[t] ← W x̂_t` for a few quantised tokens: per panel of [`PANEL_ROWS`] weight rows
+/// (in L1/L2 while every token passes), each token's `K::gemv_q8` over the panel. Each
+/// output depends only on its row and its token, so row `t` is bit for bit the GEMV of
+/// token `t`. Shapes are checked by the caller.
+pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) {
+    let rows = w.rows();
+    for r0 in (0..rows).step_by(PANEL_ROWS) {
+        let p = PANEL_ROWS.min(rows - r0);
+        let panel = w.slice_rows(r0..r0 + p);
+        for (t, xt) in x.iter().enumerate() {
+            k.gemv_q8(&panel, xt, &mut y[t * rows + r0..][..p]);
+        }
     }
 }
 
@@ -139,10 +195,15 @@ fn head_rows<'a>(
 
 /// Slots per attention block: the key (or value) rows of one block, `64 × head_dim × 4`
 /// bytes (16 KiB at SmolLM2's 64, 64 KiB at Gemma 3's 256), are read from memory once and
-/// served from L1/L2 to every query head of their KV group.
+/// served from L1/L2 to every query head of their KV group. (16-row blocks at Gemma 3's
+/// head_dim, 16 KiB, were no faster for a 696-token prefill: tried 2026-12-01.)
 pub(crate) const ATTN_BLOCK: usize = 64;
 
 thread_local! {
+    /// The decoded weight panel of [`gemm`], reused by every call on this thread (up to
+    /// [`SGEMM_PANEL_BYTES`]: allocated afresh, it was faulted in page by page per call).
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+
     /// The scores of one query row's KV group, `[group, visible slots]`: reused by every
     /// call on this thread, so a decode step allocates nothing once it has run.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };

@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::sync::OnceLock;
 
-use kvcore::backend::{Backend, Weights};
+use kvcore::backend::{Backend, Q8Acts, Q8Layout, Weights};
 use kvcore_scalar::Scalar;
 use proptest::test_runner::TestCaseError;
 
@@ -37,6 +37,59 @@ pub fn gemm_rows_match_gemv<B: Backend>(b: &B, case: &Gemm) -> Result<(), TestCa
     let label = format!("{}: {} rows vs gemv", b.name(), case.label());
     check_pair(&label, &case.run(b), &case.run_as_gemv(b), &case.oracle())
         .map_err(TestCaseError::fail)
+}
+
+/// `gemm_q8` of `n` tokens (activations from `seed`, quantised by the backend) on the
+/// block-format `m`: each row bit for bit the backend's `gemv_q8` of that token (the
+/// trait's contract), and a token count that disagrees with `y` the reference's error.
+pub fn gemm_q8_rows_match_gemv_q8<B: Backend>(
+    b: &B,
+    m: &Matrix,
+    n: usize,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let layout = Q8Layout::of(m.dtype).expect("a format with an 8-bit path");
+    let x: Vec<Q8Acts> = (0..n as u64)
+        .map(|t| {
+            let mut q = Q8Acts::new();
+            b.quantize_q8(layout, &Rng::new(seed ^ t).values(m.cols), &mut q)
+                .expect("whole blocks");
+            q
+        })
+        .collect();
+    let w = m.weights();
+    let mut y = vec![f32::NAN; n * m.rows];
+    b.gemm_q8(&w, &x, &mut y).expect("gemm_q8 shapes");
+    for (t, xt) in x.iter().enumerate() {
+        let mut want = vec![f32::NAN; m.rows];
+        b.gemv_q8(&w, xt, &mut want).expect("gemv_q8 shapes");
+        let label = format!(
+            "{}: gemm_q8 {} [{}, {}] token {t} of {n}",
+            b.name(),
+            m.dtype,
+            m.rows,
+            m.cols
+        );
+        proptest::prop_assert_eq!(
+            bits(&y[t * m.rows..(t + 1) * m.rows]),
+            bits(&want),
+            "{}",
+            label
+        );
+    }
+    let mut short = vec![0.0f32; (n + 1) * m.rows];
+    proptest::prop_assert_eq!(
+        b.gemm_q8(&w, &x, &mut short).map_err(|e| e.to_string()),
+        Scalar
+            .gemm_q8(&w, &x, &mut short.clone())
+            .map_err(|e| e.to_string()),
+        "{}: gemm_q8 with y for n + 1 tokens",
+        b.name()
+    );
+    if m.rows > 0 {
+        proptest::prop_assert!(b.gemm_q8(&w, &x, &mut short).is_err());
+    }
+    Ok(())
 }
 
 /// Quantised GEMV and GEMM (`n` tokens, activations from `seed`) on `m` against the same
@@ -150,7 +203,8 @@ impl Default for SharedBackend {
 /// The tests, each reporting the backend's name and the case on failure:
 /// - proptests (fixed RNG seed, so every run draws the same inputs; 48 cases each):
 ///   `gemv`, `gemm` (also against the backend's own GEMV), `quantized_vs_f32`,
-///   `gemv_q8` (every format with an 8-bit path), `embed_row` (exact), `rope`, `attention_heads`, `attention`,
+///   `gemv_q8` (every format with an 8-bit path), `gemm_q8` (each row bit for bit the
+///   token's `gemv_q8`, up to 139 rows so SIMD panels of 64 split), `embed_row` (exact), `rope`, `attention_heads`, `attention`,
 ///   `attention_segments_do_not_change_bits`, `rms_norm`, `swiglu`, `geglu`, `add` (exact),
 ///   `softmax`;
 /// - SmolLM2-135M's shapes: `model_matmul_{f32,f16,bf16,q8_0,q4_0,q4_1}`,
@@ -183,7 +237,8 @@ macro_rules! conformance_suite {
                 rope_style,
             };
             use $crate::conformance::suite::{
-                SharedBackend, conforms, exact, gemm_rows_match_gemv, quantized_matches_f32,
+                SharedBackend, conforms, exact, gemm_q8_rows_match_gemv_q8, gemm_rows_match_gemv,
+                quantized_matches_f32,
             };
             use $crate::conformance::{model, shape_errors as errors, suite};
 
@@ -231,6 +286,18 @@ macro_rules! conformance_suite {
                     // 0..640 columns, rounded up to whole blocks of the format.
                     let cols = (blocks * 32).div_ceil(dtype.block_len()) * dtype.block_len();
                     conforms(b(), &GemvQ8::new(dtype, rows, cols, seed))?;
+                }
+
+                #[test]
+                fn gemm_q8(
+                    dtype in prop::sample::select(vec![
+                        DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K,
+                    ]),
+                    blocks in 0usize..12, rows in 0usize..140, n in 0usize..10, seed in any::<u64>()
+                ) {
+                    let cols = (blocks * 32).div_ceil(dtype.block_len()) * dtype.block_len();
+                    let m = Matrix::random(dtype, rows, cols, &mut Rng::new(seed));
+                    gemm_q8_rows_match_gemv_q8(b(), &m, n, seed ^ 7)?;
                 }
 
                 #[test]

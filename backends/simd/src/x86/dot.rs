@@ -156,8 +156,9 @@ pub(super) fn weighted_sum<'a>(
     }
 }
 
-/// `e^x` in eight lanes for `x ≤ 0` (see the module docs for the error): `x > 0` is not
-/// used by softmax and saturates at `e^0`-scaled values up to `2^127`; NaN lanes give NaN.
+/// `e^x` in eight lanes (see the module docs for the error, which holds for positive
+/// arguments too up to 88.37); from `127.5·ln 2 ≈ 88.376` on, where `n` reaches 128, the
+/// result is `∞` (exactly so past `ln(f32::MAX) ≈ 88.723`); NaN lanes give NaN.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp8(x: __m256) -> __m256 {
@@ -165,7 +166,7 @@ pub(super) fn exp8(x: __m256) -> __m256 {
     let lo = _mm256_set1_ps(-87.336_55); // ln(f32::MIN_POSITIVE)
     let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
     let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-    let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.376_26));
+    let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.722_84));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         xc,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
@@ -184,7 +185,8 @@ pub(super) fn exp8(x: __m256) -> __m256 {
     }
     let r2 = _mm256_mul_ps(r, r);
     let y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0));
-    // 2^n for n in −126 ..= 127: the biased exponent in the float's bits.
+    // 2^n for n in −126 ..= 128: the biased exponent in the float's bits (n = 128 gives
+    // the bits of ∞).
     let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
         _mm256_cvtps_epi32(n),
         _mm256_set1_epi32(127),
@@ -265,6 +267,64 @@ pub(super) fn add(acc: &mut [f32], x: &[f32]) {
     }
 }
 
+/// `out ← act(gate) ⊙ up` with `act(g) = g / (1 + e^(k(g)))`, eight lanes at a time:
+/// `k8` maps a vector of `g` to the exponent. SiLU is `k(g) = −g`; tanh-GELU,
+/// `½g(1 + tanh z) = g / (1 + e^(−2z))`, is `k(g) = −2z`. The tail runs through a padded
+/// vector, so every element takes the same operations.
+///
+/// # Panics
+/// If the lengths differ.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn glu(gate: &[f32], up: &[f32], out: &mut [f32], k8: impl Fn(__m256) -> __m256) {
+    assert!(gate.len() == up.len() && gate.len() == out.len());
+    let one = _mm256_set1_ps(1.0);
+    let act = |g: __m256, u: __m256| {
+        let e = exp8(k8(g));
+        _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
+    };
+    let mut oc = out.chunks_exact_mut(8);
+    let (mut gc, mut uc) = (gate.chunks_exact(8), up.chunks_exact(8));
+    for ((o, g), u) in oc.by_ref().zip(gc.by_ref()).zip(uc.by_ref()) {
+        store(o, act(load(g), load(u)));
+    }
+    let tail = oc.into_remainder();
+    if !tail.is_empty() {
+        let (mut g, mut u, mut o) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        g[..tail.len()].copy_from_slice(gc.remainder());
+        u[..tail.len()].copy_from_slice(uc.remainder());
+        store(&mut o, act(load(&g), load(&u)));
+        tail.copy_from_slice(&o[..tail.len()]);
+    }
+}
+
+/// SwiGLU `out_j ← g_j / (1 + e^(−g_j)) · u_j`: the reference's formula with [`exp8`]
+/// (within 3 ulps); for `g < −88.4` the exponential saturates to `∞` and the result is
+/// `−0`, as in the reference. Within the conformance suite's SwiGLU bound (`EXP_ULPS`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let neg = _mm256_set1_ps(-0.0);
+    glu(gate, up, out, |g| _mm256_xor_ps(g, neg));
+}
+
+/// GeGLU with tanh-GELU written as a logistic: `½g(1 + tanh z) = g / (1 + e^(−2z))`,
+/// `z = √(2/π)·(g + 0.044715·g³)`, so no `1 + tanh z` cancels for negative `g`:
+/// `z` is within `4u` relative (one FMA, the cube's two products, the scale), `e^(−2z)`
+/// within 3 ulps plus `|2z|·4u` relative from its argument, which the logistic damps by
+/// `σ(2z)·|2z| < 0.56`, so the result is within about `6u·|g·u|` — inside the conformance
+/// suite's GeGLU bound of `3u·|out| + (EXP_ULPS + 5)·u·½|g·u|`. Limits as the reference:
+/// for large `g` the exponential is `0` (result `g·u`), for very negative `g` it is `∞`
+/// (result `−0`); NaN stays NaN.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let c = _mm256_set1_ps(0.044_715);
+    let minus_2s = _mm256_set1_ps(-2.0 * 0.797_884_6);
+    glu(gate, up, out, |g| {
+        let g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+        _mm256_mul_ps(minus_2s, _mm256_fmadd_ps(c, g3, g))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +371,70 @@ mod tests {
         assert_eq!(exp_at(-87.4), 0.0);
         assert_eq!(exp_at(f32::NEG_INFINITY), 0.0);
         assert!(exp_at(f32::NAN).is_nan());
+    }
+
+    /// `exp8` for positive arguments (the GLU kernels use them): 3 ulps up to 88, `∞`
+    /// from 88.38 on.
+    #[test]
+    fn exp8_is_within_three_ulps_for_positive_arguments() {
+        let (mut worst, mut at) = (0.0f64, 0.0f32);
+        let n = 1 << 20;
+        for i in 0..=n {
+            let x = 88.0f32 * (i as f32 / n as f32);
+            let u = ulps(exp_at(x), f64::from(x).exp());
+            if u > worst {
+                (worst, at) = (u, x);
+            }
+        }
+        assert!(worst <= 3.0, "{worst} ulps at {at}");
+        assert_eq!(exp_at(88.38), f32::INFINITY);
+        assert_eq!(exp_at(89.0), f32::INFINITY);
+        assert_eq!(exp_at(f32::INFINITY), f32::INFINITY);
+    }
+
+    /// The GLU kernels against the f64 formulas, over the range activations take and
+    /// their limits, with the bounds their docs derive (`6u·|g·u|` for GeGLU, `8u·|out|`
+    /// for SwiGLU), tails included.
+    #[test]
+    fn glu_kernels_against_f64() {
+        require_avx2();
+        let gate: Vec<f32> = (0..4099)
+            .map(|i| (i as f32 - 2049.0) * 0.013)
+            .chain([
+                -200.0, -88.0, -30.0, 0.0, -0.0, 30.0, 88.0, 200.0, 1e30, -1e30,
+            ])
+            .collect();
+        let up: Vec<f32> = (0..gate.len())
+            .map(|i| 1.0 + (i % 7) as f32 * 0.3)
+            .collect();
+        let mut out = vec![0.0f32; gate.len()];
+        // SAFETY: AVX2 and FMA detected above.
+        unsafe { geglu(&gate, &up, &mut out) };
+        for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
+            let (g, u) = (f64::from(g), f64::from(u));
+            let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            let want = 0.5 * g * (1.0 + z.tanh()) * u;
+            let bound = 6.0 * 2f64.powi(-24) * (g * u).abs() + 1e-37;
+            assert!(
+                (f64::from(o) - want).abs() <= bound,
+                "geglu({g}) = {o}, want {want}"
+            );
+        }
+        // SAFETY: as above.
+        unsafe { swiglu(&gate, &up, &mut out) };
+        for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
+            let (g, u) = (f64::from(g), f64::from(u));
+            let want = g / (1.0 + (-g).exp()) * u;
+            let bound = 8.0 * 2f64.powi(-24) * want.abs() + 1e-30 * u.abs();
+            assert!(
+                (f64::from(o) - want).abs() <= bound,
+                "swiglu({g}) = {o}, want {want}"
+            );
+        }
+        let mut nan = [0.0f32; 3];
+        // SAFETY: as above.
+        unsafe { geglu(&[f32::NAN, 1.0, f32::NAN], &[1.0; 3], &mut nan) };
+        assert!(nan[0].is_nan() && nan[2].is_nan() && nan[1] > 0.84);
     }
 
     /// The softmax keeps the reference's special rows and sums to one.

@@ -86,6 +86,16 @@ impl Kernel for Avx2 {
         unsafe { dot::softmax(x) }
     }
 
+    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::swiglu(gate, up, out) }
+    }
+
+    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::geglu(gate, up, out) }
+    }
+
     fn sum_squares(self, x: &[f32]) -> f32 {
         // SAFETY: features detected (see above).
         unsafe { dot::dot(x, x) }
