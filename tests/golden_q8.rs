@@ -24,7 +24,9 @@
 //! and still fail a wrong scale, a dropped `Q4_1` offset or a swapped nibble half
 //! (logits off by 5–50).
 //!
-//! Prefill (GEMM) stays f32 in this mode, so the prefill path is the f32 golden test's.
+//! A prefill of more than `Q8_MAX_TOKENS` (8) tokens stays f32 in this mode (the f32 GEMM),
+//! so that path is the f32 golden test's; up to 8 tokens it is bit for bit the one-token
+//! path teacher-forced here (`tests/q8_prefill.rs`).
 
 mod common;
 

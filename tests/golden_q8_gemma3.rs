@@ -29,7 +29,9 @@
 //! nibble halves in the AVX2 kernel: each was tried once and put the first position's
 //! logits 15–22 off.
 //!
-//! Prefill (GEMM) stays f32 in this mode, so the prefill path is the f32 golden test's.
+//! A prefill of more than `Q8_MAX_TOKENS` (8) tokens stays f32 in this mode (the f32 GEMM),
+//! so that path is the f32 golden test's; up to 8 tokens it is bit for bit the one-token
+//! path teacher-forced here (`tests/q8_prefill.rs`).
 
 mod common;
 
