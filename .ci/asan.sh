@@ -21,3 +21,5 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 cargo +nightly test --target "$host" -p kvcore --test conformance
 # simd_paths runs every kernel on each path the CPU has (AVX2+FMA and scalar).
 cargo +nightly test --target "$host" -p kvcore-simd --lib --tests
+# The C ABI's boundary code (pointer reads, buffers, handles) driven on the real model.
+cargo +nightly test --target "$host" -p kvcore-capi --test abi

@@ -5,92 +5,11 @@
 //! dispatcher instantiates it once per backend, so the hot loops stay monomorphised.
 
 use kvcore::Backend;
-use kvcore::model::Activations;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
-use std::fmt;
-use std::str::FromStr;
 
-/// A backend by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendChoice {
-    /// `kvcore-scalar`, the readable reference.
-    Scalar,
-    /// `kvcore-simd`, AVX2+FMA or NEON kernels on one thread.
-    Simd,
-    /// `kvcore-rayon` over `kvcore-simd`, on `--threads` threads.
-    Rayon,
-}
-
-impl BackendChoice {
-    /// The valid names, for messages.
-    pub const NAMES: &'static str = "scalar, simd, rayon";
-}
-
-impl FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "scalar" => Ok(BackendChoice::Scalar),
-            "simd" => Ok(BackendChoice::Simd),
-            "rayon" => Ok(BackendChoice::Rayon),
-            other => Err(format!(
-                "unknown backend {other:?}; valid backends: {}",
-                BackendChoice::NAMES
-            )),
-        }
-    }
-}
-
-impl fmt::Display for BackendChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendChoice::Scalar => "scalar",
-            BackendChoice::Simd => "simd",
-            BackendChoice::Rayon => "rayon",
-        })
-    }
-}
-
-/// A KV store by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvChoice {
-    /// The model's growing store (`Llama::new_kv`): grows on demand up to `--ctx`;
-    /// `GrowKv`, or `WindowKv` for a model with sliding-window layers.
-    Grow,
-    /// `DenseKv`: preallocates `--ctx` positions of every layer.
-    Dense,
-}
-
-impl FromStr for KvChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "grow" => Ok(KvChoice::Grow),
-            "dense" => Ok(KvChoice::Dense),
-            other => Err(format!("unknown KV store {other:?}; valid: grow, dense")),
-        }
-    }
-}
-
-impl fmt::Display for KvChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KvChoice::Grow => "grow",
-            KvChoice::Dense => "dense",
-        })
-    }
-}
-
-/// Parses `--activations`: `f32` or `q8`.
-pub fn parse_activations(s: &str) -> Result<Activations, String> {
-    match s {
-        "f32" => Ok(Activations::F32),
-        "q8" => Ok(Activations::Q8),
-        other => Err(format!("unknown activations {other:?}; valid: f32, q8")),
-    }
-}
+pub use kvcore_engine::{BackendChoice, KvChoice, parse_activations};
 
 /// Parses `--logit-bias ID(+|-)BIAS` as llama.cpp does: `15043+1`, `15043-0.5`,
 /// `2-inf` (never pick token 2).

@@ -8,30 +8,22 @@ use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
 use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams};
-use kvcore::tokenizer::{
-    ChatMessage, ChatTemplate, Special, StopMatcher, StreamDecoder, Tokenizer,
-};
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{Backend, DenseKv, KvStore, Session};
+use kvcore_engine::TextPieces;
 use kvcore_fetch as fetch;
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The model file: the argument, where `smollm2` and `gemma3` (unless a file of that name
-/// exists) name the two fetchable models; without one, `$KVCORE_MODEL`, else the cached
+/// The model file: the argument (a path, or `smollm2` / `gemma3`:
+/// [`kvcore_engine::resolve_model`]); without one, `$KVCORE_MODEL`, else the cached
 /// SmolLM2 (fetched).
 pub(crate) fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let Some(p) = arg else {
-        return Ok(fetch::smollm2_path()?);
-    };
-    if p.exists() {
-        return Ok(p.clone());
-    }
-    match p.to_str() {
-        Some("smollm2") => Ok(fetch::smollm2_path()?),
-        Some("gemma3") => Ok(fetch::gemma3_path()?),
-        _ => Ok(p.clone()),
+    match arg {
+        Some(p) => Ok(kvcore_engine::resolve_model(p)?),
+        None => Ok(fetch::smollm2_path()?),
     }
 }
 
@@ -280,15 +272,7 @@ impl TextModel {
 const NO_TEMPLATE: &str =
     "the model has no chat template (tokenizer.chat_template), which --system needs; use --raw";
 
-/// The ids of raw `text` with the BOS the model asks for.
-pub fn prompt_ids(tok: &Tokenizer, text: &str, special: Special) -> Vec<u32> {
-    let mut ids = Vec::new();
-    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
-        ids.push(bos);
-    }
-    ids.extend(tok.encode(text, special));
-    ids
-}
+pub use kvcore_engine::{chat_ids, peak_rss_bytes, prompt_ids};
 
 /// Loads the weights onto backend `b` computing with `activations`.
 pub fn load_model<B: Backend>(
@@ -304,9 +288,7 @@ pub fn load_model<B: Backend>(
 /// across tokens and not shown. An incomplete UTF-8 character at the end (generation
 /// cut by `-n` in the middle of one) is held back, not shown as U+FFFD.
 pub struct TextStream<'t> {
-    tok: &'t Tokenizer,
-    stream: StreamDecoder<'t>,
-    stops: StopMatcher,
+    pieces: TextPieces<'t>,
     print: bool,
     text: String,
     error: Option<std::io::Error>,
@@ -324,9 +306,7 @@ impl<'t> TextStream<'t> {
     /// A stream that prints to stdout when `print`, stopping at `stops`.
     pub fn new(tok: &'t Tokenizer, stops: &[String], print: bool) -> Self {
         TextStream {
-            tok,
-            stream: tok.stream(),
-            stops: StopMatcher::new(stops.iter().cloned()),
+            pieces: TextPieces::new(tok, stops),
             print,
             text: String::new(),
             error: None,
@@ -336,48 +316,49 @@ impl<'t> TextStream<'t> {
     /// Adds token `id`; true when a stop string has now been found (generation should
     /// end).
     pub fn push(&mut self, id: u32) -> bool {
-        if !self.tok.is_stop(id) {
-            // Ids are in range (sampled from the vocabulary).
-            if let Ok(piece) = self.stream.push(id) {
-                let shown = self.stops.push(&piece);
-                self.show(&shown);
-            }
-        }
-        self.stops.stopped().is_some()
+        let shown = self.pieces.push(id);
+        self.show(&shown);
+        self.pieces.stopped().is_some()
     }
 
     fn show(&mut self, piece: &str) {
-        if piece.is_empty() {
-            return;
-        }
-        self.text.push_str(piece);
-        if self.print {
-            let mut out = std::io::stdout().lock();
-            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                self.error.get_or_insert(e);
-            }
-        }
+        show(self.print, &mut self.text, &mut self.error, piece);
     }
 
     /// Shows what was held back for a stop string that never came, ends a printed
     /// text with a newline (nothing at all is printed for an empty text), and returns
     /// the text; the first write error, if any.
-    pub fn finish(mut self) -> std::io::Result<Shown> {
-        // The decoder's leftover is an incomplete character: dropped, not U+FFFD.
-        let stop = self.stops.stopped().map(str::to_string);
-        let held = std::mem::take(&mut self.stops).finish();
-        self.show(&held);
-        if self.print && !self.text.is_empty() {
+    pub fn finish(self) -> std::io::Result<Shown> {
+        let TextStream {
+            pieces,
+            print,
+            mut text,
+            mut error,
+        } = self;
+        let (held, stop) = pieces.finish();
+        show(print, &mut text, &mut error, &held);
+        if print && !text.is_empty() {
             let mut out = std::io::stdout().lock();
             writeln!(out)?;
             out.flush()?;
         }
-        match self.error {
+        match error {
             Some(e) => Err(e),
-            None => Ok(Shown {
-                text: self.text,
-                stop,
-            }),
+            None => Ok(Shown { text, stop }),
+        }
+    }
+}
+
+/// Adds `piece` to `text`, printing it when `print` (the first write error is kept).
+fn show(print: bool, text: &mut String, error: &mut Option<std::io::Error>, piece: &str) {
+    if piece.is_empty() {
+        return;
+    }
+    text.push_str(piece);
+    if print {
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+            error.get_or_insert(e);
         }
     }
 }
@@ -438,25 +419,6 @@ pub fn system_messages(reply: &ReplyArgs) -> Vec<ChatMessage> {
         .iter()
         .map(|s| ChatMessage::new("system", s.clone()))
         .collect()
-}
-
-/// The ids of `messages` rendered by `template` for a reply: the markup's special
-/// tokens parsed, the messages' text literal; the BOS the model asks for first unless
-/// the template writes it.
-pub fn chat_ids(
-    tok: &Tokenizer,
-    template: &ChatTemplate,
-    messages: &[ChatMessage],
-) -> anyhow::Result<Vec<u32>> {
-    let body = template.render_chat(messages, true)?.encode(tok);
-    let mut ids = Vec::with_capacity(body.len() + 1);
-    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
-        if body.first() != Some(&bos) {
-            ids.push(bos);
-        }
-    }
-    ids.extend(body);
-    Ok(ids)
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
@@ -595,14 +557,6 @@ pub fn stats_json<K: KvStore + ?Sized>(
 fn dense_bytes<K: KvStore + ?Sized>(kv: &K) -> usize {
     let g = kv.geometry();
     2 * g.n_layers * kv.max_ctx() * g.kv_dim() * std::mem::size_of::<f32>()
-}
-
-/// Peak resident set size of this process, from `getrusage(RUSAGE_SELF)` (Linux reports
-/// `ru_maxrss` in KiB); 0 where the OS does not say.
-pub fn peak_rss_bytes() -> u64 {
-    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        .map(|u| u64::try_from(u.max_rss()).unwrap_or(0) * 1024)
-        .unwrap_or(0)
 }
 
 fn mib(bytes: usize) -> f64 {
