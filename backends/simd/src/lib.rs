@@ -16,10 +16,10 @@
 //! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
 //! | `attention` | per KV group, blocks of 64 key/value rows shared by the group's heads; SIMD scores, softmax and weighted sum |
-//! | `softmax` | AVX2: a vectorised `exp` within 3 ulps (`x86/dot.rs`); NEON: the scalar reference |
+//! | `softmax` | a vectorised `exp` within 3 ulps, the same Cephes `expf` in 8 (AVX2, `x86/dot.rs`) or 4 lanes (NEON, `aarch64/dot.rs`) |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
-//! | `swiglu`, `geglu` | AVX2: `g / (1 + e^k)` with the vectorised `exp` (`x86/dot.rs`); NEON: the scalar reference |
+//! | `swiglu`, `geglu` | `g / (1 + e^k)` with the vectorised `exp` (AVX2 and NEON) |
 //! | `rope`, `embed_row` | the scalar reference |
 //! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
 //! | `gemm_q8` | per panel of 64 weight rows, `gemv_q8` of each token (so each token's row is bit for bit its GEMV) |

@@ -79,6 +79,21 @@ impl Kernel for Neon {
         unsafe { dot::weighted_sum(p, values, out) }
     }
 
+    fn softmax(self, x: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::softmax(x) }
+    }
+
+    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::swiglu(gate, up, out) }
+    }
+
+    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::geglu(gate, up, out) }
+    }
+
     fn sum_squares(self, x: &[f32]) -> f32 {
         // SAFETY: NEON detected (see above).
         unsafe { dot::dot(x, x) }
