@@ -413,3 +413,118 @@ fn errors_name_the_problem_and_leave_the_session_unchanged() {
         kvcore_model_free(model);
     }
 }
+
+/// A pointer that crosses threads in this test (the header says a `const kvcore_model *`
+/// may be shared, and a session used from any thread one call at a time).
+struct Shared<T>(*const T);
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Shared<T> {}
+// SAFETY: the C API's thread-safety contract, which this test checks.
+unsafe impl<T> Send for Shared<T> {}
+
+#[test]
+fn one_model_serves_threads_and_a_busy_session_is_refused() {
+    let model = load(c"simd");
+    let prompt = ids(&reference()[1]["prompt_ids"]);
+    let greedy = ids(&reference()[1]["greedy_ids"]);
+    let m = Shared(model.cast_const());
+    // Two threads, one model, a session each: both reproduce the reference.
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let (prompt, n) = (prompt.clone(), greedy.len());
+            std::thread::spawn(move || {
+                let m = m;
+                let s = session(m.0, 0);
+                let mut c = Collect {
+                    text: String::new(),
+                    pieces: 0,
+                    limit: usize::MAX,
+                    session: ptr::null(),
+                    reentry: None,
+                };
+                let (status, stats) = generate(s, &prompt, n as i32, &mut c);
+                let mut held = vec![0u32; prompt.len() + n];
+                let mut len = 0;
+                // SAFETY: a live session and a buffer of its capacity.
+                unsafe {
+                    ok(kvcore_session_tokens(
+                        s,
+                        held.as_mut_ptr(),
+                        held.len(),
+                        &mut len,
+                    ));
+                    kvcore_session_free(s);
+                }
+                (
+                    status,
+                    stats.generated_tokens,
+                    held[prompt.len()..len].to_vec(),
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        let (status, generated, tail) = h.join().unwrap();
+        ok(status);
+        let n = generated as usize;
+        assert_eq!(
+            &tail[..],
+            &greedy[..n - 1],
+            "the generated ids are the reference's"
+        );
+    }
+
+    // A session generating on one thread refuses a call from another: BUSY, not UB.
+    let s = session(model, 0);
+    let sh = Shared(s.cast_const());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    struct Signal {
+        tx: std::sync::mpsc::Sender<()>,
+        wait: std::sync::mpsc::Receiver<()>,
+    }
+    unsafe extern "C" fn hold(_: *const c_char, _: usize, user: *mut c_void) -> bool {
+        // SAFETY: `user` is the test's Signal.
+        let sig = unsafe { &*(user as *const Signal) };
+        sig.tx.send(()).ok();
+        sig.wait.recv().ok(); // wait until the other thread has tried
+        false
+    }
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
+    let sig = Signal { tx, wait: back_rx };
+    let p = prompt.clone();
+    let worker = std::thread::spawn(move || {
+        let sh = sh;
+        let sig = sig;
+        let gp = kvcore_generate_default_params();
+        // SAFETY: a live session; the callback's data outlives the call.
+        unsafe {
+            kvcore_session_generate(
+                sh.0,
+                p.as_ptr(),
+                p.len(),
+                &gp,
+                Some(hold),
+                (&sig as *const Signal).cast_mut().cast(),
+                ptr::null_mut(),
+            )
+        }
+    });
+    rx.recv().unwrap(); // the generation is inside its callback
+    // SAFETY: a live session, in use by the worker.
+    let status = unsafe { kvcore_session_decode(s, 5) };
+    assert_eq!(status, kvcore_status::KVCORE_ERR_BUSY);
+    assert!(last_error().contains("in use"), "{}", last_error());
+    back_tx.send(()).unwrap();
+    ok(worker.join().unwrap());
+    // Free again afterwards: usable.
+    // SAFETY: a live session.
+    unsafe {
+        ok(kvcore_session_decode(s, 5));
+        kvcore_session_free(s);
+        kvcore_model_free(model);
+    }
+}
