@@ -11,7 +11,7 @@
 //! - Handles are created by `_new`/`_load` and released by `_free`, which accepts NULL.
 //!   Memory allocated by one side is never freed by the other: strings and arrays come
 //!   back in caller-owned buffers, or as pointers into a handle, valid as documented.
-//! - No panic crosses the boundary: every export runs inside [`guard`], which turns a
+//! - No panic crosses the boundary: every export runs inside a guard (`catch_unwind`), which turns a
 //!   panic into `KVCORE_ERR_PANIC`.
 //! - Thread safety: a `const kvcore_model *` may be used from any number of threads at
 //!   once. A session or sampler may move between threads but is used by one at a time;
@@ -237,24 +237,9 @@ impl From<Error> for Failure {
         };
         Failure {
             status,
-            message: error_chain(&e),
+            message: e.message(),
         }
     }
-}
-
-/// `e` and its sources, `": "`-separated (the CLI's `{:#}`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = cause.source();
-    }
-    s
 }
 
 fn invalid(message: impl Into<String>) -> Failure {

@@ -115,6 +115,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error and the causes its text does not already show (an OS error's reason
+    /// after "cannot read PATH"), `": "` between them: the one-line message the C ABI
+    /// and the Python package hand to their callers.
+    pub fn message(&self) -> String {
+        let causes = std::iter::successors(std::error::Error::source(self), |c| c.source());
+        causes.fold(self.to_string(), |text, cause| {
+            let cause = cause.to_string();
+            if text.contains(&cause) {
+                text
+            } else {
+                format!("{text}: {cause}")
+            }
+        })
+    }
+
     /// The class of the error.
     pub fn kind(&self) -> ErrorKind {
         fn kv(e: &KvError) -> ErrorKind {
@@ -144,6 +159,7 @@ impl Error {
                 _ => ErrorKind::ModelFile,
             },
             Error::Kv(e) => kv(e),
+            Error::Tokenizer(TokenizerError::UnknownId { .. }) => ErrorKind::InvalidArgument,
             Error::Tokenizer(_) => ErrorKind::Tokenizer,
             Error::Session(s) => match s {
                 SessionError::Io { .. } => ErrorKind::Io,
@@ -627,8 +643,8 @@ impl Engine {
         Ok(with_model!(&self.model, m => session.session.save(m, path))?)
     }
 
-    /// A session holding the file at `path` (written by [`save_session`]
-    /// (Self::save_session) for this model), with room for `max_ctx` positions
+    /// A session holding the file at `path` (written by
+    /// [`save_session`](Self::save_session) for this model), with room for `max_ctx` positions
     /// (`None`: the trained context). Everything is checked before anything is used.
     pub fn load_session(
         &self,
