@@ -5,7 +5,7 @@
 # CLI's (`kvcore chat --greedy -n 64` on the same two lines), whose second turn must
 # reuse the first's positions, and which runs clean under AddressSanitizer and
 # LeakSanitizer (a deliberately leaking program must be reported, or the check is void).
-# The header's drift check is a cargo test (capi/tests/header.rs), run by the README's
+# The header's drift check is a cargo test (capi/header/tests/header.rs), run by the README's
 # test command.
 #
 # Usage: .ci/capi.sh   (after `cargo build --release`; the model is fetched if needed)

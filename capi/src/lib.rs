@@ -1,6 +1,6 @@
 //! The C ABI of kvcore: opaque handles over [`kvcore_engine`], with the header
-//! `capi/include/kvcore.h` generated from this file by cbindgen (`tests/header.rs` fails
-//! when the committed header drifts from it).
+//! `capi/include/kvcore.h` generated from this file by cbindgen
+//! (`capi/header/tests/header.rs` fails when the committed header drifts from it).
 //!
 //! Conventions (`docs/c-api.md` has them in full):
 //! - Every fallible function returns a [`kvcore_status`]; on failure
@@ -425,7 +425,12 @@ fn ctx(max_ctx: u32) -> Option<usize> {
 /// The library's version, `"MAJOR.MINOR.PATCH"` (static; never freed).
 #[unsafe(no_mangle)]
 pub extern "C" fn kvcore_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    const VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"",
+        };
+    guard_value(c"".as_ptr(), || Some(VERSION.as_ptr()))
 }
 
 /// The message of this thread's last failed call ("" if none has failed). Valid until
@@ -442,7 +447,11 @@ pub extern "C" fn kvcore_last_error() -> *const c_char {
 /// value that is not a status).
 #[unsafe(no_mangle)]
 pub extern "C" fn kvcore_status_name(status: i32) -> *const c_char {
-    let name: &CStr = match status {
+    guard_value(c"unknown".as_ptr(), || Some(status_name(status).as_ptr()))
+}
+
+fn status_name(status: i32) -> &'static CStr {
+    match status {
         0 => c"KVCORE_OK",
         1 => c"KVCORE_ERR_INVALID_ARGUMENT",
         2 => c"KVCORE_ERR_IO",
@@ -456,8 +465,7 @@ pub extern "C" fn kvcore_status_name(status: i32) -> *const c_char {
         10 => c"KVCORE_ERR_BUSY",
         11 => c"KVCORE_ERR_PANIC",
         _ => c"unknown",
-    };
-    name.as_ptr()
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -466,13 +474,16 @@ pub extern "C" fn kvcore_status_name(status: i32) -> *const c_char {
 /// The defaults: rayon on every core, f32 activations, an f32 growing cache.
 #[unsafe(no_mangle)]
 pub extern "C" fn kvcore_model_default_params() -> kvcore_model_params {
-    kvcore_model_params {
+    // Every field's default is NULL / 0: nothing here can fail, and the guard's fallback
+    // is the same value.
+    const DEFAULTS: kvcore_model_params = kvcore_model_params {
         backend: ptr::null(),
         threads: 0,
         activations: ptr::null(),
         kv_type: ptr::null(),
         kv_store: ptr::null(),
-    }
+    };
+    guard_value(DEFAULTS, || Some(DEFAULTS))
 }
 
 /// Loads a model: `path_or_name` is a GGUF file, or `"smollm2"` / `"gemma3"` (fetched
@@ -995,6 +1006,23 @@ pub unsafe extern "C" fn kvcore_session_load(
 /// penalties (window 64), seed 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn kvcore_sampler_default_params() -> kvcore_sampler_params {
+    guard_value(GREEDY, || Some(sampler_defaults()))
+}
+
+/// A valid parameter set (greedy, every stage off): the guards' fallback.
+const GREEDY: kvcore_sampler_params = kvcore_sampler_params {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    repeat_penalty: 1.0,
+    repeat_last_n: 0,
+    presence_penalty: 0.0,
+    frequency_penalty: 0.0,
+    seed: 0,
+};
+
+fn sampler_defaults() -> kvcore_sampler_params {
     let d = SamplerParams::default();
     kvcore_sampler_params {
         temperature: d.temperature,
@@ -1072,14 +1100,17 @@ pub unsafe extern "C" fn kvcore_session_sample(
 /// Greedy, 128 tokens, no stop strings.
 #[unsafe(no_mangle)]
 pub extern "C" fn kvcore_generate_default_params() -> kvcore_generate_params {
-    let mut sampling = kvcore_sampler_default_params();
-    sampling.temperature = 0.0;
-    kvcore_generate_params {
+    let params = |sampling| kvcore_generate_params {
         max_tokens: 128,
         sampling,
         stop: ptr::null(),
         n_stop: 0,
-    }
+    };
+    guard_value(params(GREEDY), || {
+        let mut sampling = sampler_defaults();
+        sampling.temperature = 0.0;
+        Some(params(sampling))
+    })
 }
 
 /// Generates after `prompt[0..n]` in the session (reusing the prefix it holds),
@@ -1221,6 +1252,29 @@ mod tests {
         };
         assert_eq!(status, kvcore_status::KVCORE_ERR_IO, "{}", last_error());
         assert!(last_error().contains("/nonexistent/model.gguf"));
+    }
+
+    /// Every export runs inside a guard (or, for `_free`, `catch_unwind`): an audit of
+    /// this file's source, so a new export without one fails here.
+    #[test]
+    fn every_export_is_guarded() {
+        let src = include_str!("lib.rs");
+        // Spelled in two pieces so this test's own text is not an export.
+        let marker = concat!("#[unsafe(", "no_mangle)]");
+        let mut exports = 0;
+        for item in src.split(marker).skip(1) {
+            let body_start = item.find('{').expect("a function body");
+            let body = &item[body_start..item.find("\n}\n").expect("the body's end")];
+            let name = item.split("fn ").nth(1).unwrap().split('(').next().unwrap();
+            assert!(
+                ["guard(", "guard_value(", "catch_unwind("]
+                    .iter()
+                    .any(|g| body.contains(g)),
+                "{name} is not guarded"
+            );
+            exports += 1;
+        }
+        assert!(exports >= 30, "found {exports} exports");
     }
 
     #[test]

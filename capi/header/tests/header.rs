@@ -1,12 +1,15 @@
-//! The committed header is what cbindgen generates from the source now: any change to
-//! the exported API must come with the regenerated `include/kvcore.h`. Run with
-//! `KVCORE_BLESS=1` to rewrite it.
+//! The committed header is what cbindgen generates from kvcore-capi's source now: any
+//! change to the exported API must come with the regenerated `capi/include/kvcore.h`.
+//! Run with `KVCORE_BLESS=1` to rewrite it.
 
 use std::path::Path;
 
 #[test]
 fn committed_header_matches_the_source() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // This crate lives in capi/header; the C ABI crate is its parent directory.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("capi/");
     let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     let mut generated = Vec::new();
     cbindgen::Builder::new()
@@ -25,6 +28,6 @@ fn committed_header_matches_the_source() {
     assert!(
         committed == generated,
         "capi/include/kvcore.h is out of date with capi/src/lib.rs: regenerate it with \
-         `KVCORE_BLESS=1 cargo test -p kvcore-capi --release --test header` and commit it"
+         `KVCORE_BLESS=1 cargo test -p kvcore-capi-header --release --test header` and commit it"
     );
 }

@@ -1,0 +1,1 @@
+//! Nothing but a home for `tests/header.rs`, the drift check of `capi/include/kvcore.h`.
