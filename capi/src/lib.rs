@@ -414,6 +414,14 @@ fn sampler_params(p: &kvcore_sampler_params) -> SamplerParams {
     s
 }
 
+/// A new session handle on `engine` (freed by `kvcore_session_free`).
+fn session_handle(engine: &Arc<Engine>, session: EngineSession) -> *mut kvcore_session {
+    Box::into_raw(Box::new(kvcore_session {
+        engine: Arc::clone(engine),
+        inner: Mutex::new(session),
+    }))
+}
+
 /// `max_ctx` of 0 means the model's trained context.
 fn ctx(max_ctx: u32) -> Option<usize> {
     (max_ctx != 0).then_some(max_ctx as usize)
@@ -762,12 +770,8 @@ pub unsafe extern "C" fn kvcore_session_new(
             return Err(invalid("out is NULL"));
         }
         let s = m.engine.new_session(ctx(max_ctx))?;
-        let b = Box::new(kvcore_session {
-            engine: Arc::clone(&m.engine),
-            inner: Mutex::new(s),
-        });
         // SAFETY: checked non-NULL; writable by the contract.
-        unsafe { write(out, Box::into_raw(b), "out") }
+        unsafe { write(out, session_handle(&m.engine, s), "out") }
     })
 }
 
@@ -942,12 +946,8 @@ pub unsafe extern "C" fn kvcore_session_fork(
             return Err(invalid("out is NULL"));
         }
         let copy = lock(&s.inner, "session")?.fork()?;
-        let b = Box::new(kvcore_session {
-            engine: Arc::clone(&s.engine),
-            inner: Mutex::new(copy),
-        });
         // SAFETY: checked non-NULL; writable by the contract.
-        unsafe { write(out, Box::into_raw(b), "out") }
+        unsafe { write(out, session_handle(&s.engine, copy), "out") }
     })
 }
 
@@ -990,12 +990,8 @@ pub unsafe extern "C" fn kvcore_session_load(
             return Err(invalid("out is NULL"));
         }
         let s = m.engine.load_session(p, ctx(max_ctx))?;
-        let b = Box::new(kvcore_session {
-            engine: Arc::clone(&m.engine),
-            inner: Mutex::new(s),
-        });
         // SAFETY: checked non-NULL; writable by the contract.
-        unsafe { write(out, Box::into_raw(b), "out") }
+        unsafe { write(out, session_handle(&m.engine, s), "out") }
     })
 }
 
