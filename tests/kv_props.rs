@@ -10,12 +10,15 @@
 //! towards the floats that expose a lossy copy (NaN payloads of both signs, `-0.0`,
 //! infinities, subnormals), and failures shrink to small cases.
 //!
+//! The third repeats the second with K and V in f16, bf16 or q8_0 (chosen separately).
+//!
 //! The second test gives layers sliding windows (mostly small, so appends cross them, and
 //! prefills longer than the window are common) and adds truncations relative to the end:
 //! by one position (always possible), into the window and behind it (refused with
 //! `KvError::BehindWindow`); the window store must then agree with the spec's window
 //! rule, and with the dense and growing stores at every position a query can see.
 
+use kvcore::KvType;
 use kvcore_test_support::kv_diff::{self, End, KvOp, Scenario, Start};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
@@ -121,8 +124,27 @@ fn windowed_scenario() -> impl Strategy<Value = Scenario> {
                 initial,
                 ops,
                 windows,
+                types: (KvType::F32, KvType::F32),
             })
         })
+}
+
+/// K and V types with at least one of them not f32.
+fn quantized_types() -> impl Strategy<Value = (KvType, KvType)> {
+    let ty = || prop::sample::select(KvType::ALL.to_vec());
+    (ty(), ty()).prop_filter("not f32 for both", |&t| t != (KvType::F32, KvType::F32))
+}
+
+/// [`windowed_scenario`] with quantized or half-precision rows (`q8_0` makes a head one
+/// block of 32 values, `Scenario::geometry`).
+fn typed_scenario() -> impl Strategy<Value = Scenario> {
+    (windowed_scenario(), quantized_types(), any::<bool>()).prop_map(|(mut s, types, global)| {
+        s.types = types;
+        if global {
+            s.windows.clear();
+        }
+        s
+    })
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -145,6 +167,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 initial,
                 ops,
                 windows: Vec::new(),
+                types: (KvType::F32, KvType::F32),
             })
         })
 }
@@ -171,6 +194,15 @@ proptest! {
 
     #[test]
     fn windowed_stores_match_the_spec_after_every_step(s in windowed_scenario()) {
+        if let Err(d) = kv_diff::run(&s) {
+            return Err(TestCaseError::fail(d.to_string()));
+        }
+    }
+
+    /// f16, bf16 and q8_0 rows (K and V chosen separately): the growing and window
+    /// stores hold the dense store's bytes, and the spec's (each row encoded alone).
+    #[test]
+    fn typed_stores_match_the_spec_after_every_step(s in typed_scenario()) {
         if let Err(d) = kv_diff::run(&s) {
             return Err(TestCaseError::fail(d.to_string()));
         }

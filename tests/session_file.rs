@@ -15,7 +15,7 @@ use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::{MAGIC, VERSION};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{
-    Backend, DType, DenseKv, GrowKv, KvError, KvGeometry, KvStore, Session, SessionError,
+    Backend, DType, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, Session, SessionError,
 };
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -60,7 +60,17 @@ fn tiny(seed: u64) -> Llama<Scalar> {
 
 /// A session holding `ids` on a fresh `GrowKv` with the model's context.
 fn session_with<B: Backend>(model: &Llama<B>, ids: &[u32]) -> Session<GrowKv> {
-    let mut s = Session::new(model.new_grow_kv(model.config().context_len).unwrap());
+    session_typed(model, ids, (KvType::F32, KvType::F32))
+}
+
+/// [`session_with`] on a store of K and V types `types`.
+fn session_typed<B: Backend>(
+    model: &Llama<B>,
+    ids: &[u32],
+    types: (KvType, KvType),
+) -> Session<GrowKv> {
+    let (g, max_ctx) = (model.kv_geometry(), model.config().context_len);
+    let mut s = Session::new(GrowKv::with_types(g, max_ctx, types).unwrap());
     if !ids.is_empty() {
         s.prefill(model, ids).unwrap();
     }
@@ -165,11 +175,9 @@ fn the_file_has_the_documented_layout() {
             (0, n, 0),
             "layer {layer} span and window"
         );
-        let stored: Vec<u32> = b[at + LAYER_HEADER..at + LAYER_HEADER + 2 * n * kv_dim * 4]
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(&stored, want, "layer {layer} rows");
+        // f32 rows, little-endian: the bytes `rows` reads from the views.
+        let stored = &b[at + LAYER_HEADER..at + LAYER_HEADER + 2 * n * kv_dim * 4];
+        assert_eq!(stored, &want[..], "layer {layer} rows");
     }
     let end = b.len() - 32;
     assert_eq!(end, layer_at(n, kv_dim, g.n_layers));
@@ -554,6 +562,36 @@ fn save_and_load_through_files() {
 }
 
 /// An empty session saves and loads (no positions, no rows).
+/// A file of one pair of KV types loads only into a store of the same types: another
+/// store refuses it, naming both, and is left as it was.
+#[test]
+fn a_file_of_other_kv_types_is_refused_unchanged() {
+    let model = tiny(9);
+    let q8 = (KvType::F16, KvType::BF16);
+    let saved = session_typed(&model, &[1, 2, 3, 4, 5], q8);
+    let bytes = to_bytes(&saved, &model, b"");
+    let mut target = session_with(&model, &[7, 8]);
+    let before = snapshot(&target);
+    let err = target
+        .restore_from(&model, &bytes[..], bytes.len() as u64, |m| Ok(m.to_vec()))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SessionError::KvTypeMismatch {
+                expected: (KvType::F32, KvType::F32),
+                found,
+            } if found == q8
+        ),
+        "{err:?}"
+    );
+    assert_eq!(snapshot(&target), before);
+    let mut same = session_typed(&model, &[], q8);
+    same.restore_from(&model, &bytes[..], bytes.len() as u64, |m| Ok(m.to_vec()))
+        .unwrap();
+    assert_eq!(rows(same.kv()), rows(saved.kv()));
+}
+
 #[test]
 fn an_empty_session_round_trips() {
     let model = tiny(3);
@@ -606,6 +644,8 @@ struct RoundTrip {
     /// Greedy steps after loading.
     after: usize,
     dense: bool,
+    /// The store's K and V types (q8_0 only with heads of 32).
+    types: (KvType, KvType),
 }
 
 fn round_trip() -> impl Strategy<Value = RoundTrip> {
@@ -634,17 +674,23 @@ fn round_trip() -> impl Strategy<Value = RoundTrip> {
                 Just(prompt),
                 1..n,
                 0usize..4,
-                1usize..8,
-                any::<bool>(),
+                (1usize..8, any::<bool>()),
+                (0..KvType::ALL.len(), 0..KvType::ALL.len()),
             )
         })
-        .prop_map(|(model, prompt, split, before, after, dense)| RoundTrip {
-            model,
-            prompt,
-            split,
-            before,
-            after,
-            dense,
+        .prop_map(|(model, prompt, split, before, (after, dense), (k, v))| {
+            // q8_0 blocks need heads of 32; the small heads take the first three types.
+            let n = if model.head_dim % 32 == 0 { 4 } else { 3 };
+            let types = (KvType::ALL[k % n], KvType::ALL[v % n]);
+            RoundTrip {
+                model,
+                prompt,
+                split,
+                before,
+                after,
+                dense,
+                types,
+            }
         })
 }
 
@@ -652,7 +698,7 @@ fn round_trip() -> impl Strategy<Value = RoundTrip> {
 fn check_round_trip(case: &RoundTrip) -> Result<(), TestCaseError> {
     let model = load(&case.model);
     let max_ctx = case.model.context_len;
-    let mut never = session_with(&model, &[]);
+    let mut never = session_typed(&model, &[], case.types);
     let mut logits = never
         .prefill(&model, &case.prompt[..case.split])
         .unwrap()
@@ -666,10 +712,11 @@ fn check_round_trip(case: &RoundTrip) -> Result<(), TestCaseError> {
     let bytes = to_bytes(&never, &model, &meta);
 
     let (mut loaded, got_meta): (Session<Box<dyn KvStore>>, Vec<u8>) = {
+        let (g, t) = (model.kv_geometry(), case.types);
         let kv: Box<dyn KvStore> = if case.dense {
-            Box::new(DenseKv::new(model.kv_geometry(), max_ctx).unwrap())
+            Box::new(DenseKv::with_types(g, max_ctx, t).unwrap())
         } else {
-            Box::new(GrowKv::new(model.kv_geometry(), max_ctx).unwrap())
+            Box::new(GrowKv::with_types(g, max_ctx, t).unwrap())
         };
         let mut s = Session::new(kv);
         let meta = s

@@ -109,7 +109,8 @@ pub struct kvcore_model_params {
     pub threads: u32,
     /// Matmul activations: `"f32"` (default) or `"q8"` (llama.cpp's numerics, faster).
     pub activations: *const c_char,
-    /// KV element type: `"f32"` (default; the only type so far).
+    /// KV element type of keys and values: `"f32"` (default, exact), `"f16"`, `"bf16"` or
+    /// `"q8_0"` (34 bytes per 32 values: 0.27 of f32).
     pub kv_type: *const c_char,
     /// KV store: `"grow"` (default: grows on demand) or `"dense"` (preallocated).
     pub kv_store: *const c_char,
@@ -528,7 +529,10 @@ pub unsafe extern "C" fn kvcore_model_load(
             backend: backend.parse().map_err(invalid)?,
             threads: (p.threads != 0).then_some(p.threads as usize),
             activations: parse_activations(activations).map_err(invalid)?,
-            kv_type: parse_kv_type(kv_type).map_err(invalid)?,
+            kv_types: {
+                let t = parse_kv_type(kv_type).map_err(invalid)?;
+                (t, t)
+            },
             kv: kv_store.parse().map_err(invalid)?,
         };
         let engine = Engine::load(path, options)?;

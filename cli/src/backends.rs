@@ -9,7 +9,7 @@ use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 
-pub use kvcore_engine::{BackendChoice, KvChoice, parse_activations};
+pub use kvcore_engine::{BackendChoice, KvChoice, parse_activations, parse_kv_type};
 
 /// Parses `--logit-bias ID(+|-)BIAS` as llama.cpp does: `15043+1`, `15043-0.5`,
 /// `2-inf` (never pick token 2).

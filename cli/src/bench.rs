@@ -15,7 +15,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Activations, Llama, Logits};
-use kvcore::{Backend, DenseKv, KvStore};
+use kvcore::{Backend, KvStore, KvType};
 use std::time::Instant;
 
 /// One measured test.
@@ -24,6 +24,8 @@ pub struct BenchRow {
     pub backend: String,
     pub threads: usize,
     pub kv: String,
+    /// The cache's element types: `"q8_0"`, or `"f16/q8_0"` (K/V) when they differ.
+    pub kv_type: String,
     /// `"f32"` or `"q8"`.
     pub activations: String,
     /// `"pp64"`, `"tg128"`, `"tg128 @ d4096"`, ...
@@ -42,6 +44,9 @@ pub struct BenchRow {
     pub peak_rss_bytes: u64,
 }
 
+/// A depth and the (K, V) types of a prefilled store.
+type Prefilled = (usize, (KvType, KvType));
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -50,6 +55,8 @@ pub struct Plan {
     pub depths: Vec<usize>,
     pub reps: usize,
     pub kv: KvChoice,
+    /// (K, V) element types, each measured.
+    pub kv_types: Vec<(KvType, KvType)>,
     pub activations: Vec<Activations>,
     pub ctx: usize,
 }
@@ -102,14 +109,18 @@ impl Job for BenchJob<'_> {
             .iter()
             .flat_map(|&d| {
                 let tests = tests.clone();
-                self.plan
-                    .activations
-                    .iter()
-                    .flat_map(move |&a| tests.clone().map(move |(p, n)| (d, a, p, n)))
+                self.plan.kv_types.iter().flat_map(move |&kt| {
+                    let tests = tests.clone();
+                    self.plan
+                        .activations
+                        .iter()
+                        .flat_map(move |&a| tests.clone().map(move |(p, n)| (d, kt, a, p, n)))
+                })
             })
             .collect();
-        let mut at_depth: Option<(usize, Box<dyn KvStore>)> = None;
-        for (depth, acts, prefill, n) in tests {
+        // The store prefilled to a depth with a pair of types, reused by its tests.
+        let mut at_depth: Option<(Prefilled, Box<dyn KvStore>)> = None;
+        for (depth, types, acts, prefill, n) in tests {
             model = model.with_activations(acts);
             if n == 0 || depth + n > ctx {
                 bail!(
@@ -117,15 +128,13 @@ impl Job for BenchJob<'_> {
                 );
             }
             // The store at this depth, prefilled once (untimed), in one pass.
-            if at_depth.as_ref().map(|(d, _)| *d) != Some(depth) {
-                let mut kv: Box<dyn KvStore> = match self.plan.kv {
-                    KvChoice::Grow => model.new_kv(ctx)?,
-                    KvChoice::Dense => Box::new(DenseKv::new(model.kv_geometry(), ctx)?),
-                };
+            if at_depth.as_ref().map(|(d, _)| *d) != Some((depth, types)) {
+                drop(at_depth.take()); // free the previous store before making the next
+                let mut kv = self.plan.kv.new_store(&model, ctx, types)?;
                 if depth > 0 {
                     model.forward(&mut kv, &tokens(depth, c.vocab_size), Logits::None)?;
                 }
-                at_depth = Some((depth, kv));
+                at_depth = Some(((depth, types), kv));
             }
             let base = &at_depth.as_ref().expect("just set").1;
             let ids = tokens(n, c.vocab_size);
@@ -144,6 +153,7 @@ impl Job for BenchJob<'_> {
                 backend: model.backend().name().to_string(),
                 threads: model.backend().threads(),
                 kv: self.plan.kv.to_string(),
+                kv_type: crate::commands::kv_types_name(types),
                 activations: acts.name().to_string(),
                 test: match depth {
                     0 => format!("{}{n}", if prefill { "pp" } else { "tg" }),
@@ -203,6 +213,7 @@ pub fn run(
     }
     let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len())
         * plan.activations.len()
+        * plan.kv_types.len()
         * plan.depths.len()
         * (plan.reps + 1);
     let bar = ProgressBar::new((combos.len() * per_combo) as u64);
@@ -231,14 +242,15 @@ pub fn run(
 /// The rows as a markdown table.
 pub fn markdown(rows: &[BenchRow]) -> String {
     let mut s = String::from(
-        "| backend | threads | kv | acts | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---|---:|---:|---:|---:|\n",
+        "| backend | threads | kv | kv type | acts | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---|---|---:|---:|---:|---:|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
             r.backend,
             r.threads,
             r.kv,
+            r.kv_type,
             r.activations,
             r.test,
             r.median_tok_s,

@@ -1,15 +1,16 @@
 //! The subcommands: load what they need, run, print.
 
-use crate::backends::{self, BackendChoice, Job, KvChoice};
+use crate::backends::{self, BackendChoice, Job};
 use crate::{
-    BenchArgs, EmbedArgs, GenerateArgs, ModelArgs, ReplyArgs, SamplingArgs, StoreArgs, TokenizeArgs,
+    BenchArgs, EmbedArgs, GenerateArgs, KvTypeArgs, ModelArgs, ReplyArgs, SamplingArgs, StoreArgs,
+    TokenizeArgs,
 };
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
 use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
-use kvcore::{Backend, DenseKv, KvStore, Session};
+use kvcore::{Backend, KvStore, KvType, Session};
 use kvcore_engine::TextPieces;
 use kvcore_fetch as fetch;
 use std::cell::Cell;
@@ -200,6 +201,43 @@ pub fn max_new(n: i64, prompt_len: usize, max_ctx: usize) -> usize {
     usize::try_from(n).unwrap_or(max_ctx.saturating_sub(prompt_len) + 1)
 }
 
+impl KvTypeArgs {
+    /// Every (K, V) pair asked for: each `--kv-type` (default f32) with `--kv-type-k` and
+    /// `--kv-type-v` overriding its K or V, without repeats.
+    pub fn pairs(&self) -> Vec<(KvType, KvType)> {
+        let both = if self.kv_type.is_empty() {
+            vec![KvType::F32]
+        } else {
+            self.kv_type.clone()
+        };
+        let mut pairs = Vec::new();
+        for t in both {
+            let pair = (self.kv_type_k.unwrap_or(t), self.kv_type_v.unwrap_or(t));
+            if !pairs.contains(&pair) {
+                pairs.push(pair);
+            }
+        }
+        pairs
+    }
+
+    /// The one (K, V) pair of a command that runs one store.
+    pub fn single(&self) -> anyhow::Result<(KvType, KvType)> {
+        match self.pairs()[..] {
+            [pair] => Ok(pair),
+            _ => bail!("--kv-type takes one type here (a list is for bench)"),
+        }
+    }
+}
+
+/// `"q8_0"` for a pair of one type, `"f16/q8_0"` (K/V) otherwise.
+pub fn kv_types_name((k, v): (KvType, KvType)) -> String {
+    if k == v {
+        k.name().to_string()
+    } else {
+        format!("{}/{}", k.name(), v.name())
+    }
+}
+
 impl StoreArgs {
     /// `--ctx` checked against the model's trained context (the default).
     pub fn max_ctx<B: Backend>(&self, model: &Llama<B>) -> anyhow::Result<usize> {
@@ -218,17 +256,16 @@ impl StoreArgs {
         model: &Llama<B>,
         max_ctx: usize,
     ) -> anyhow::Result<Box<dyn KvStore>> {
-        Ok(match self.kv {
-            KvChoice::Grow => model.new_kv(max_ctx)?,
-            KvChoice::Dense => Box::new(DenseKv::new(model.kv_geometry(), max_ctx)?),
-        })
+        let types = self.kv_types.single()?;
+        Ok(self.kv.new_store(model, max_ctx, types)?)
     }
 
-    /// Refuses `--ctx 0` before anything is loaded.
+    /// Refuses `--ctx 0` and a list of KV types before anything is loaded.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.ctx == Some(0) {
             bail!("--ctx must be at least 1");
         }
+        self.kv_types.single()?;
         Ok(())
     }
 }
@@ -542,6 +579,7 @@ pub fn stats_json<K: KvStore + ?Sized>(
         "kv_bytes": s.kv_bytes,
         "kv_capacity": s.kv_capacity,
         "kv_dense_bytes": dense_bytes(kv),
+        "kv_type": kv_types_name(kv.kv_types()),
         "peak_rss_bytes": peak_rss_bytes(),
         "backend": s.backend,
         "threads": s.threads,
@@ -553,10 +591,13 @@ pub fn stats_json<K: KvStore + ?Sized>(
     })
 }
 
-/// What a dense store of the same geometry would hold: `2 · layers · max_ctx · kv_dim · 4`.
+/// What a dense store of the same geometry and element types would hold: `layers ·
+/// max_ctx · (K row bytes + V row bytes)`.
 fn dense_bytes<K: KvStore + ?Sized>(kv: &K) -> usize {
     let g = kv.geometry();
-    2 * g.n_layers * kv.max_ctx() * g.kv_dim() * std::mem::size_of::<f32>()
+    let (kt, vt) = kv.kv_types();
+    let row = |t: KvType| t.row_bytes(g.kv_dim()).unwrap_or(0);
+    g.n_layers * kv.max_ctx() * (row(kt) + row(vt))
 }
 
 fn mib(bytes: usize) -> f64 {
@@ -580,7 +621,8 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
         s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.generated_tokens,
     );
     eprintln!(
-        "[kv {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
+        "[kv {} {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
+        kv_types_name(kv.kv_types()),
         mib(s.kv_bytes),
         s.kv_capacity,
         kv.max_ctx(),
@@ -628,6 +670,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
         depths: a.depth.clone(),
         reps: a.reps,
         kv: a.kv,
+        kv_types: a.kv_types.pairs(),
         activations: a.activations.clone(),
         ctx: a.ctx.unwrap_or(usize::MAX),
     };

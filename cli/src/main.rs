@@ -11,8 +11,9 @@ mod commands;
 mod info;
 mod perplexity;
 
-use backends::{BackendChoice, KvChoice, parse_activations, parse_logit_bias};
+use backends::{BackendChoice, KvChoice, parse_activations, parse_kv_type, parse_logit_bias};
 use clap::{Args, Parser, Subcommand};
+use kvcore::KvType;
 use kvcore::model::Activations;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -129,12 +130,30 @@ struct ReplyArgs {
     stop: Vec<String>,
 }
 
+/// The element types of the cache's keys and values (`generate`, `chat`, `perplexity`,
+/// `bench`).
+#[derive(Args, Debug, Clone)]
+struct KvTypeArgs {
+    /// KV element type of keys and values: f32 (exact), f16, bf16, q8_0 (0.27 of f32's
+    /// bytes). `bench` takes a comma-separated list.
+    #[arg(long = "kv-type", value_delimiter = ',', value_parser = parse_kv_type)]
+    kv_type: Vec<KvType>,
+    /// Element type of the keys only (overrides --kv-type).
+    #[arg(long = "kv-type-k", value_parser = parse_kv_type)]
+    kv_type_k: Option<KvType>,
+    /// Element type of the values only (overrides --kv-type).
+    #[arg(long = "kv-type-v", value_parser = parse_kv_type)]
+    kv_type_v: Option<KvType>,
+}
+
 /// The KV store a run keeps its positions in (shared by `generate` and `chat`).
 #[derive(Args, Debug)]
 struct StoreArgs {
     /// KV store: grow (on demand) or dense (preallocated).
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
+    #[command(flatten)]
+    kv_types: KvTypeArgs,
     /// Context size in positions [default: the model's trained context].
     #[arg(short = 'c', long, allow_negative_numbers = true)]
     ctx: Option<usize>,
@@ -297,6 +316,8 @@ struct PerplexityArgs {
     /// KV store: grow (on demand) or dense (preallocated).
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
+    #[command(flatten)]
+    kv_types: KvTypeArgs,
     /// Save every scored position's log-probabilities (f16) to FILE, the base of a later
     /// --kl-base run (V × 2 bytes per position: ~25 MB per 512-token chunk of SmolLM2).
     #[arg(long, value_name = "FILE")]
@@ -362,6 +383,8 @@ struct BenchArgs {
     /// KV store: grow or dense.
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,
+    #[command(flatten)]
+    kv_types: KvTypeArgs,
     /// Activations of the decode matmuls, comma-separated: f32, q8.
     #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_activations)]
     activations: Vec<Activations>,

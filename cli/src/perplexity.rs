@@ -30,10 +30,10 @@ use crate::commands::{TextModel, load_model, threads};
 use anyhow::{Context, bail};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvcore::Backend;
 use kvcore::model::perplexity::{Divergence, Perplexity, log_softmax};
 use kvcore::model::{Llama, Logits};
 use kvcore::tokenizer::Special;
-use kvcore::{Backend, DenseKv, KvStore};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -193,11 +193,8 @@ fn score_chunk<B: Backend>(
     args: &PerplexityArgs,
     tokens: &[u32],
 ) -> anyhow::Result<kvcore::ndarray::Array2<f32>> {
-    let geometry = model.kv_geometry();
-    let mut kv: Box<dyn KvStore> = match args.kv {
-        crate::backends::KvChoice::Grow => model.new_kv(tokens.len())?,
-        crate::backends::KvChoice::Dense => Box::new(DenseKv::new(geometry, tokens.len())?),
-    };
+    let types = args.kv_types.single()?;
+    let mut kv = args.kv.new_store(model, tokens.len(), types)?;
     Ok(model.forward(&mut kv, tokens, Logits::All)?)
 }
 

@@ -1,8 +1,9 @@
 //! Choices by name: the backend, the KV store, the activations and the KV element type,
 //! as a CLI flag, a C string or a Python keyword names them.
 
-use kvcore::KvType;
 use kvcore::model::Activations;
+use kvcore::model::Llama;
+use kvcore::{Backend, DenseKv, KvError, KvStore, KvType};
 use std::fmt;
 use std::str::FromStr;
 
@@ -77,6 +78,23 @@ impl fmt::Display for KvChoice {
     }
 }
 
+impl KvChoice {
+    /// An empty store of this kind for `model`, holding up to `max_ctx` positions, with
+    /// K rows in `types.0` and V rows in `types.1`: the one place the CLI, the engine and
+    /// the bindings make a store.
+    pub fn new_store<B: Backend>(
+        self,
+        model: &Llama<B>,
+        max_ctx: usize,
+        types: (KvType, KvType),
+    ) -> Result<Box<dyn KvStore>, KvError> {
+        Ok(match self {
+            KvChoice::Grow => model.new_kv_with_types(max_ctx, types)?,
+            KvChoice::Dense => Box::new(DenseKv::with_types(model.kv_geometry(), max_ctx, types)?),
+        })
+    }
+}
+
 /// Parses activations by name: `f32` or `q8`.
 pub fn parse_activations(s: &str) -> Result<Activations, String> {
     match s {
@@ -86,7 +104,8 @@ pub fn parse_activations(s: &str) -> Result<Activations, String> {
     }
 }
 
-/// Parses a KV element type by name (`f32`; the names of [`KvType::ALL`]).
+/// Parses a KV element type by name: `f32`, `f16`, `bf16`, `q8_0` (the names of
+/// [`KvType::ALL`]).
 pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::ALL
         .into_iter()
@@ -126,10 +145,11 @@ mod tests {
                 .contains("valid: f32, q8")
         );
         assert_eq!(parse_kv_type("f32"), Ok(KvType::F32));
+        assert_eq!(parse_kv_type("q8_0"), Ok(KvType::Q8_0));
         assert!(
-            parse_kv_type("q8_0")
+            parse_kv_type("q4_0")
                 .unwrap_err()
-                .contains("unknown KV type")
+                .contains("unknown KV type \"q4_0\"; valid: f32, f16, bf16, q8_0")
         );
     }
 }

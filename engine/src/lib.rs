@@ -27,7 +27,7 @@ use kvcore::gguf::{GgufError, GgufFile};
 use kvcore::model::generate::GenStats;
 use kvcore::model::{self, Activations, Llama, ModelError, Sampler, SamplerParams};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer, TokenizerError};
-use kvcore::{Backend, DenseKv, KvError, KvStore, KvType, Session, SessionError};
+use kvcore::{Backend, KvError, KvStore, KvType, Session, SessionError};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -135,6 +135,7 @@ impl Error {
         fn kv(e: &KvError) -> ErrorKind {
             match e {
                 KvError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
+                KvError::BlockShape { .. } => ErrorKind::InvalidArgument,
                 _ => ErrorKind::Kv,
             }
         }
@@ -192,8 +193,8 @@ pub struct Options {
     pub threads: Option<usize>,
     /// Activations of the matmuls: f32, or q8 (llama.cpp's numerics, faster).
     pub activations: Activations,
-    /// The element type of the KV cache's keys and values.
-    pub kv_type: KvType,
+    /// The element types of the KV cache's keys and of its values.
+    pub kv_types: (KvType, KvType),
     /// The KV store sessions are made on.
     pub kv: KvChoice,
 }
@@ -205,7 +206,7 @@ impl Default for Options {
             backend: BackendChoice::Rayon,
             threads: None,
             activations: Activations::F32,
-            kv_type: KvType::F32,
+            kv_types: (KvType::F32, KvType::F32),
             kv: KvChoice::Grow,
         }
     }
@@ -381,12 +382,6 @@ impl Engine {
                 )));
             }
         };
-        if !KvType::ALL.contains(&options.kv_type) {
-            return Err(Error::InvalidArgument(format!(
-                "KV type {} is not supported",
-                options.kv_type.name()
-            )));
-        }
         let path = resolve_model(model.as_ref())?;
         let open = |source| Error::Open {
             path: path.clone(),
@@ -409,6 +404,9 @@ impl Engine {
                 AnyModel::Rayon(Llama::load(file, pool)?.with_activations(acts))
             }
         };
+        let head_dim = with_model!(&model, m => m.kv_geometry().head_dim);
+        options.kv_types.0.check_head_dim(head_dim)?;
+        options.kv_types.1.check_head_dim(head_dim)?;
         Ok(Engine {
             model,
             tok,
@@ -507,10 +505,8 @@ impl Engine {
                 "a context of {max_ctx} positions: it must be between 1 and the model's trained context of {trained}"
             )));
         }
-        let kv: Box<dyn KvStore> = with_model!(&self.model, m => match self.options.kv {
-            KvChoice::Grow => m.new_kv(max_ctx)?,
-            KvChoice::Dense => Box::new(DenseKv::new(m.kv_geometry(), max_ctx)?),
-        });
+        let (kv, types) = (self.options.kv, self.options.kv_types);
+        let kv: Box<dyn KvStore> = with_model!(&self.model, m => kv.new_store(m, max_ctx, types)?);
         Ok(EngineSession {
             session: Session::new(kv),
             logits: None,

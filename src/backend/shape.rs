@@ -1,7 +1,7 @@
 //! Shape errors and the shape checks every [`Backend`](super::Backend) runs first.
 
 use super::{DType, Weights};
-use crate::kv::{KvRows, KvType, KvView};
+use crate::kv::{KvType, KvView};
 use ndarray::{ArrayView3, ArrayViewMut3};
 use thiserror::Error;
 
@@ -258,10 +258,7 @@ pub mod check {
                 ("attention keys", seg.keys()),
                 ("attention values", seg.values()),
             ] {
-                let contiguous = match rows {
-                    KvRows::F32(a) => last_contiguous(a.shape(), a.strides()),
-                };
-                if !contiguous {
+                if !rows.last_axis_contiguous() {
                     return Err(ShapeError::NotContiguous { what });
                 }
             }

@@ -1,8 +1,9 @@
 //! [`DenseKv`], the reference KV store: `max_ctx` positions allocated up front, never
 //! moved.
 //!
-//! Layout `[n_layers][max_ctx][kv_dim]` f32 for K and for V, so `capacity()` is always
-//! `max_ctx` and `bytes()` is `2 · n_layers · max_ctx · kv_dim · 4` (plus, while an
+//! Layout `[n_layers][max_ctx][kv_dim]` for K and for V (f32 unless other element types
+//! are chosen), so `capacity()` is always `max_ctx` and `bytes()` is `n_layers · max_ctx
+//! · (K row bytes + V row bytes)`, `2 · n_layers · max_ctx · kv_dim · 4` for f32 (plus, while an
 //! append that replaces committed rows is open, the copy of those rows kept for its
 //! rollback). The plainest store: every other store is tested against it.
 
@@ -10,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::rows::{Rows, forward_store};
-use super::{AllocGate, KvError, KvGeometry};
+use super::{AllocGate, KvError, KvGeometry, KvType};
 
 /// The reference KV store: every position up to `max_ctx` allocated and zero-filled by
 /// [`DenseKv::new`]. It allocates again only for the rollback copy of an append that
@@ -27,7 +28,20 @@ impl DenseKv {
     /// `isize::MAX` (checked before allocating), [`KvError::AllocFailed`] when the
     /// allocator refuses it.
     pub fn new(geometry: KvGeometry, max_ctx: usize) -> Result<Self, KvError> {
-        Ok(DenseKv(Rows::new(geometry, max_ctx, max_ctx)?))
+        Self::with_types(geometry, max_ctx, (KvType::F32, KvType::F32))
+    }
+
+    /// [`new`](DenseKv::new) with K rows of type `types.0` and V rows of `types.1`.
+    ///
+    /// # Errors
+    /// As [`new`](DenseKv::new), and [`KvError::BlockShape`] when a type's blocks do not
+    /// divide the head size.
+    pub fn with_types(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        types: (KvType, KvType),
+    ) -> Result<Self, KvError> {
+        Ok(DenseKv(Rows::new(geometry, max_ctx, max_ctx, types)?))
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -71,6 +85,7 @@ mod tests {
         let view = kv.view(layer).unwrap();
         match view.segments()[0].keys() {
             KvRows::F32(a) => a.iter().copied().collect(),
+            other => panic!("f32 rows expected, got {}", other.kv_type()),
         }
     }
 

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::rows::{Rows, forward_store};
-use super::{AllocGate, KvError, KvGeometry};
+use super::{AllocGate, KvError, KvGeometry, KvType};
 
 /// The grow-on-demand KV store, bitwise interchangeable with
 /// [`DenseKv`](super::DenseKv) for every sequence of calls.
@@ -52,7 +52,34 @@ impl GrowKv {
         max_ctx: usize,
         initial: usize,
     ) -> Result<Self, KvError> {
-        Ok(GrowKv(Rows::new(geometry, max_ctx, initial)?))
+        Self::with_capacity_and_types(geometry, max_ctx, initial, (KvType::F32, KvType::F32))
+    }
+
+    /// [`new`](GrowKv::new) with K rows of type `types.0` and V rows of `types.1`.
+    ///
+    /// # Errors
+    /// As [`with_capacity_and_types`](GrowKv::with_capacity_and_types).
+    pub fn with_types(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        types: (KvType, KvType),
+    ) -> Result<Self, KvError> {
+        Self::with_capacity_and_types(geometry, max_ctx, Self::DEFAULT_INITIAL_CAPACITY, types)
+    }
+
+    /// [`with_initial_capacity`](GrowKv::with_initial_capacity) with K rows of type
+    /// `types.0` and V rows of `types.1`.
+    ///
+    /// # Errors
+    /// As [`with_initial_capacity`](GrowKv::with_initial_capacity), and
+    /// [`KvError::BlockShape`] when a type's blocks do not divide the head size.
+    pub fn with_capacity_and_types(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        initial: usize,
+        types: (KvType, KvType),
+    ) -> Result<Self, KvError> {
+        Ok(GrowKv(Rows::new(geometry, max_ctx, initial, types)?))
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -122,6 +149,7 @@ mod tests {
                 let view = kv.view(layer).unwrap();
                 let bits = |r: KvRows<'_>| match r {
                     KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
+                    other => panic!("f32 rows expected, got {}", other.kv_type()),
                 };
                 let (mut k, mut v) = (Vec::new(), Vec::new());
                 for s in view.segments() {

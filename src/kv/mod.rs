@@ -45,14 +45,16 @@
 //! may refuse.
 
 mod dense;
+mod elem;
 mod grow;
 mod rows;
 mod view;
 mod window;
 
 pub use dense::DenseKv;
+pub use elem::{BlockQ8_0, Q8_0_BLOCK, encode_q8_0, hadamard, rotation_len};
 pub use grow::GrowKv;
-pub use view::{F32Segment, KvRows, KvSegment, KvView};
+pub use view::{KvRows, KvSegment, KvView};
 pub use window::WindowKv;
 
 use std::fmt;
@@ -81,22 +83,35 @@ impl KvGeometry {
     }
 }
 
-/// The element type a store keeps its K or V rows in.
+/// The element type a store keeps its K or V rows in (see `kv/elem.rs` for each
+/// encoding and its error). K and V choose theirs separately.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KvType {
-    /// 32-bit floats: exact copies of the projected rows.
+    /// 32-bit floats: exact copies of the projected rows. The reference.
     F32,
+    /// IEEE half precision, rounded to nearest even: 2 bytes per value.
+    F16,
+    /// bfloat16, rounded to nearest even: 2 bytes per value (f32's range, 8 bits of
+    /// precision).
+    BF16,
+    /// llama.cpp's `Q8_0`: blocks of 32 values within a head, an f16 scale and 32 signed
+    /// bytes each ([`BlockQ8_0`]): 34 bytes per 32 values. Needs a head size that is a
+    /// multiple of 32.
+    Q8_0,
 }
 
 impl KvType {
     /// Every type, in code order.
-    pub const ALL: [KvType; 1] = [KvType::F32];
+    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0];
 
-    /// `"f32"`.
+    /// `"f32"`, `"f16"`, `"bf16"`, `"q8_0"`.
     pub const fn name(self) -> &'static str {
         match self {
             KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::BF16 => "bf16",
+            KvType::Q8_0 => "q8_0",
         }
     }
 
@@ -104,6 +119,9 @@ impl KvType {
     pub const fn code(self) -> u8 {
         match self {
             KvType::F32 => 0,
+            KvType::F16 => 1,
+            KvType::BF16 => 2,
+            KvType::Q8_0 => 3,
         }
     }
 
@@ -112,10 +130,60 @@ impl KvType {
         KvType::ALL.into_iter().find(|t| t.code() == code)
     }
 
-    /// Bytes of one row of `kv_dim` elements, or `None` on overflow.
-    pub fn row_bytes(self, kv_dim: usize) -> Option<usize> {
+    /// Values per storage unit: 1, or 32 for a `q8_0` block.
+    pub const fn block(self) -> usize {
         match self {
-            KvType::F32 => kv_dim.checked_mul(4),
+            KvType::Q8_0 => elem::Q8_0_BLOCK,
+            _ => 1,
+        }
+    }
+
+    /// Bytes per storage unit.
+    pub const fn unit_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 | KvType::BF16 => 2,
+            KvType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
+        }
+    }
+
+    /// Storage units in a row of `kv_dim` values (`kv_dim` a multiple of
+    /// [`block`](KvType::block)).
+    pub const fn row_units(self, kv_dim: usize) -> usize {
+        kv_dim / self.block()
+    }
+
+    /// Bytes of one row of `kv_dim` elements, or `None` on overflow or when `kv_dim` is
+    /// not a whole number of blocks.
+    pub fn row_bytes(self, kv_dim: usize) -> Option<usize> {
+        if !kv_dim.is_multiple_of(self.block()) {
+            return None;
+        }
+        self.row_units(kv_dim).checked_mul(self.unit_bytes())
+    }
+
+    /// The weight format whose bytes are this type's (`F32`, `F16`, `BF16`, `Q8_0`): a
+    /// stored row decodes exactly as a weight row of that format.
+    pub const fn dtype(self) -> crate::backend::DType {
+        use crate::backend::DType;
+        match self {
+            KvType::F32 => DType::F32,
+            KvType::F16 => DType::F16,
+            KvType::BF16 => DType::BF16,
+            KvType::Q8_0 => DType::Q8_0,
+        }
+    }
+
+    /// Checks that rows of heads of `head_dim` values can be stored in this type:
+    /// [`KvError::BlockShape`] when a `q8_0` block would span two heads.
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), KvError> {
+        if head_dim.is_multiple_of(self.block()) {
+            Ok(())
+        } else {
+            Err(KvError::BlockShape {
+                kv_type: self,
+                head_dim,
+            })
         }
     }
 }
@@ -231,6 +299,25 @@ pub enum KvError {
         /// The layer.
         layer: usize,
     },
+    /// A head size that is not a whole number of the element type's blocks (`q8_0`
+    /// blocks of 32 never span two heads).
+    #[error("{kv_type} rows need a head size that is a multiple of {}, got {head_dim}", kv_type.block())]
+    BlockShape {
+        /// The element type asked for.
+        kv_type: KvType,
+        /// The model's head size.
+        head_dim: usize,
+    },
+    /// [`KvStore::write_stored`] with rows of another element type than the store's.
+    #[error("{what}: the store keeps {expected} rows, got {found}")]
+    RowType {
+        /// Which rows.
+        what: &'static str,
+        /// The store's type.
+        expected: KvType,
+        /// The rows' type.
+        found: KvType,
+    },
     /// A segment whose positions run past `usize::MAX`.
     #[error("a segment of {len} slots at position {start} overflows")]
     PositionOverflow {
@@ -310,6 +397,14 @@ pub trait KvStore: Send {
         k: ArrayView2<'_, f32>,
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError>;
+
+    /// [`write`](KvStore::write) with rows already in the store's element types (a state
+    /// file's, or another store's view): `k`, `v`: `[n, n_kv_heads, head_dim]`, stored as
+    /// they are, without encoding again.
+    ///
+    /// Errors, changing nothing: as [`write`](KvStore::write), and [`KvError::RowType`]
+    /// when a type is not the store's.
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError>;
 
     /// Makes the open append visible: the store then holds positions `0 .. at + n`.
     ///
@@ -418,6 +513,9 @@ impl KvStore for Box<dyn KvStore> {
     ) -> Result<(), KvError> {
         (**self).write(layer, k, v)
     }
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        (**self).write_stored(layer, k, v)
+    }
     fn commit(&mut self) -> Result<(), KvError> {
         (**self).commit()
     }
@@ -489,6 +587,16 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError> {
         self.kv.write(layer, k, v)
+    }
+
+    /// [`KvStore::write_stored`].
+    pub fn write_stored(
+        &mut self,
+        layer: usize,
+        k: KvRows<'_>,
+        v: KvRows<'_>,
+    ) -> Result<(), KvError> {
+        self.kv.write_stored(layer, k, v)
     }
 
     /// [`KvStore::view`], including this append's rows of the layers written so far.
@@ -563,6 +671,45 @@ pub fn check_rows(
                 found: dim,
             });
         }
+    }
+    Ok(())
+}
+
+/// The checks of [`KvStore::write_stored`]: `k` and `v` are `[n, n_kv_heads, head_dim]`
+/// ([`KvError::RowShape`]) of the store's types `types` ([`KvError::RowType`]), keys
+/// first.
+pub fn check_stored(
+    n: usize,
+    geometry: &KvGeometry,
+    types: (KvType, KvType),
+    k: &KvRows<'_>,
+    v: &KvRows<'_>,
+) -> Result<(), KvError> {
+    check_stored_rows("stored keys", n, geometry, types.0, k)?;
+    check_stored_rows("stored values", n, geometry, types.1, v)
+}
+
+fn check_stored_rows(
+    what: &'static str,
+    n: usize,
+    geometry: &KvGeometry,
+    ty: KvType,
+    rows: &KvRows<'_>,
+) -> Result<(), KvError> {
+    if rows.kv_type() != ty {
+        return Err(KvError::RowType {
+            what,
+            expected: ty,
+            found: rows.kv_type(),
+        });
+    }
+    let (r, h, d) = rows.dim();
+    if (r, h, d) != (n, geometry.n_kv_heads, geometry.head_dim) {
+        return Err(KvError::RowShape {
+            what,
+            expected: (n, geometry.kv_dim()),
+            found: (r, h.saturating_mul(d)),
+        });
     }
     Ok(())
 }

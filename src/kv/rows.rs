@@ -1,8 +1,10 @@
 //! The implementation [`DenseKv`](super::DenseKv) and [`GrowKv`](super::GrowKv) share:
-//! f32 rows in `[n_layers][cap][kv_dim]` buffers with transactional appends.
+//! rows in `[n_layers][cap][kv_dim]` buffers with transactional appends.
 //!
-//! Layout: K and V are each one `Vec<f32>` of `[n_layers][cap][kv_dim]`, the per-layer
-//! stride being the capacity `cap`: `offset(layer, pos) = (layer · cap + pos) · kv_dim`.
+//! Layout: K and V are each one typed row buffer (`elem.rs`: f32, f16, bf16 or q8_0
+//! blocks, chosen separately) of `[n_layers][cap]` rows, the per-layer stride being the
+//! capacity `cap`: row `layer · cap + pos`. Rows are encoded when written, one row at a
+//! time, so a row's bytes do not depend on the store.
 //! Slot `i` of a layer holds position `i`, so a layer's view is one segment, rows
 //! `0 .. len` (or `0 .. at + n` once the open append has written the layer).
 //!
@@ -19,17 +21,17 @@
 //! allocation of an append happens in `begin`.
 
 use std::fmt;
-use std::mem;
 use std::sync::Arc;
 
-use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2};
+use ndarray::ArrayView2;
 
+use super::elem::Buf;
 use super::{
     AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView, check_begin,
-    check_rows,
+    check_rows, check_stored,
 };
 
-/// f32 K and V rows of every layer with a live capacity; see the module docs.
+/// K and V rows of every layer with a live capacity; see the module docs.
 pub(super) struct Rows {
     geometry: KvGeometry,
     /// `n_kv_heads · head_dim`, checked at construction.
@@ -39,10 +41,10 @@ pub(super) struct Rows {
     cap: usize,
     /// Committed positions.
     len: usize,
-    /// `[n_layers][cap][kv_dim]`
-    k: Vec<f32>,
-    /// `[n_layers][cap][kv_dim]`
-    v: Vec<f32>,
+    /// `[n_layers][cap]` rows of K's type
+    k: Buf,
+    /// `[n_layers][cap]` rows of V's type
+    v: Buf,
     gate: Gate,
     pending: Option<Pending>,
 }
@@ -61,70 +63,68 @@ enum Undo {
     /// Nothing committed is overwritten: the append writes only slots `≥ len`.
     Nothing,
     /// The append grew the store: the buffers and capacity before it.
-    Grown {
-        k: Vec<f32>,
-        v: Vec<f32>,
-        cap: usize,
-    },
+    Grown { k: Buf, v: Buf, cap: usize },
     /// The append overwrites committed rows `at .. at + m` in place: their values,
-    /// `[n_layers][m][kv_dim]`, saved when each layer is first written.
-    Replaced { m: usize, k: Vec<f32>, v: Vec<f32> },
+    /// `[n_layers][m]` rows, saved when each layer is first written.
+    Replaced { m: usize, k: Buf, v: Buf },
 }
 
 impl Undo {
     fn bytes(&self) -> usize {
         match self {
             Undo::Nothing => 0,
-            Undo::Grown { k, v, .. } | Undo::Replaced { k, v, .. } => {
-                (k.capacity() + v.capacity()) * mem::size_of::<f32>()
-            }
+            Undo::Grown { k, v, .. } | Undo::Replaced { k, v, .. } => k.bytes() + v.bytes(),
         }
     }
 }
 
 impl Rows {
-    /// An empty store with `min(cap, max_ctx)` zeroed slots per layer.
+    /// An empty store of K and V types `types` with `min(cap, max_ctx)` zeroed slots per
+    /// layer.
     ///
-    /// Errors with [`KvError::TooLarge`] when the store at `max_ctx` would not fit in
+    /// Errors with [`KvError::BlockShape`] when a type's blocks do not divide the head
+    /// size, [`KvError::TooLarge`] when the store at `max_ctx` would not fit in
     /// `isize::MAX` bytes (checked first, so no later growth can overflow) and with
     /// [`KvError::AllocFailed`] when the initial buffers are refused.
-    pub(super) fn new(geometry: KvGeometry, max_ctx: usize, cap: usize) -> Result<Self, KvError> {
-        let kv_dim = checked_size(&geometry, max_ctx)?;
+    pub(super) fn new(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        cap: usize,
+        types: (KvType, KvType),
+    ) -> Result<Self, KvError> {
+        let kv_dim = checked_size(&geometry, max_ctx, types)?;
         let cap = cap.min(max_ctx);
-        let mut rows = Rows {
+        let rows = geometry.n_layers * cap;
+        Ok(Rows {
             geometry,
             kv_dim,
             max_ctx,
             cap,
             len: 0,
-            k: Vec::new(),
-            v: Vec::new(),
+            k: Buf::zeroed(types.0, kv_dim, rows, &None)?,
+            v: Buf::zeroed(types.1, kv_dim, rows, &None)?,
             gate: None,
             pending: None,
-        };
-        rows.k = rows.zeroed(rows.buffer_len(cap))?;
-        rows.v = rows.zeroed(rows.buffer_len(cap))?;
-        Ok(rows)
+        })
     }
 
     pub(super) fn set_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
         self.gate = gate;
     }
 
-    /// Floats in one buffer at capacity `cap ≤ max_ctx` (no overflow: `checked_size`).
-    fn buffer_len(&self, cap: usize) -> usize {
-        self.geometry.n_layers * (cap * self.kv_dim)
-    }
-
-    /// Float offset of slot `pos` of `layer` at capacity `cap`, for `pos ≤ cap`.
+    /// Row index of slot `pos` of `layer` at capacity `cap`, for `pos ≤ cap` (no
+    /// overflow: `checked_size`).
     fn offset(&self, cap: usize, layer: usize, pos: usize) -> usize {
-        layer * (cap * self.kv_dim) + pos * self.kv_dim
+        layer * cap + pos
     }
 
-    /// A zero-filled buffer of exactly `len` floats, through the gate and a fallible
-    /// reservation: a refusal is [`KvError::AllocFailed`], never an abort.
-    fn zeroed(&self, len: usize) -> Result<Vec<f32>, KvError> {
-        zeroed(&self.gate, len)
+    /// Zeroed K and V buffers of `rows` rows each, through the gate.
+    fn zeroed(&self, rows: usize) -> Result<(Buf, Buf), KvError> {
+        let (kt, vt) = self.kv_types();
+        Ok((
+            Buf::zeroed(kt, self.kv_dim, rows, &self.gate)?,
+            Buf::zeroed(vt, self.kv_dim, rows, &self.gate)?,
+        ))
     }
 
     fn check_layer(&self, layer: usize) -> Result<(), KvError> {
@@ -143,7 +143,7 @@ impl Rows {
     }
 
     pub(super) fn kv_types(&self) -> (KvType, KvType) {
-        (KvType::F32, KvType::F32)
+        (self.k.kv_type(), self.v.kv_type())
     }
 
     pub(super) fn max_ctx(&self) -> usize {
@@ -160,7 +160,7 @@ impl Rows {
 
     pub(super) fn bytes(&self) -> usize {
         let undo = self.pending.as_ref().map_or(0, |p| p.undo.bytes());
-        (self.k.capacity() + self.v.capacity()) * mem::size_of::<f32>() + undo
+        self.k.bytes() + self.v.bytes() + undo
     }
 
     pub(super) fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
@@ -171,13 +171,8 @@ impl Rows {
         };
         let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
         let at = self.offset(self.cap, layer, 0);
-        let span = at..at + rows * self.kv_dim;
-        let keys = ArrayView3::from_shape((rows, h, d), &self.k[span.clone()]);
-        let values = ArrayView3::from_shape((rows, h, d), &self.v[span]);
-        let (keys, values) = match (keys, values) {
-            (Ok(k), Ok(v)) => (KvRows::F32(k), KvRows::F32(v)),
-            _ => unreachable!("the span holds rows · kv_dim floats"),
-        };
+        let keys = self.k.view(at, rows, h);
+        let values = self.v.view(at, rows, h);
         KvView::new(h, d, vec![KvSegment::new(0, keys, values)?])
     }
 
@@ -187,26 +182,20 @@ impl Rows {
         let replaced = self.len.min(end) - at;
         let undo = if end > self.cap {
             let cap = grown_capacity(self.cap, end, self.max_ctx);
-            let mut k = self.zeroed(self.buffer_len(cap))?;
-            let mut v = self.zeroed(self.buffer_len(cap))?;
-            let rows = self.len * self.kv_dim;
+            let (mut k, mut v) = self.zeroed(self.geometry.n_layers * cap)?;
             for layer in 0..self.geometry.n_layers {
                 let (src, dst) = (self.offset(self.cap, layer, 0), self.offset(cap, layer, 0));
-                k[dst..dst + rows].copy_from_slice(&self.k[src..src + rows]);
-                v[dst..dst + rows].copy_from_slice(&self.v[src..src + rows]);
+                k.copy_rows(dst, &self.k, src, self.len);
+                v.copy_rows(dst, &self.v, src, self.len);
             }
             Undo::Grown {
-                k: mem::replace(&mut self.k, k),
-                v: mem::replace(&mut self.v, v),
-                cap: mem::replace(&mut self.cap, cap),
+                k: std::mem::replace(&mut self.k, k),
+                v: std::mem::replace(&mut self.v, v),
+                cap: std::mem::replace(&mut self.cap, cap),
             }
         } else if replaced > 0 {
-            let len = self.geometry.n_layers * (replaced * self.kv_dim);
-            Undo::Replaced {
-                m: replaced,
-                k: self.zeroed(len)?,
-                v: self.zeroed(len)?,
-            }
+            let (k, v) = self.zeroed(self.geometry.n_layers * replaced)?;
+            Undo::Replaced { m: replaced, k, v }
         } else {
             Undo::Nothing
         };
@@ -219,39 +208,64 @@ impl Rows {
         Ok(())
     }
 
+    /// The open append's `(at, n)`, after checking `layer`.
+    fn open_append(&self, layer: usize) -> Result<(usize, usize), KvError> {
+        let (at, n) = match &self.pending {
+            Some(p) => (p.at, p.n),
+            None => return Err(KvError::NoAppend),
+        };
+        self.check_layer(layer)?;
+        Ok((at, n))
+    }
+
+    /// Saves the committed rows a first write of `layer` overwrites (an append that
+    /// replaces rows), then marks the layer written; returns the first row to write.
+    fn prepare_write(&mut self, layer: usize) -> usize {
+        let Rows {
+            pending,
+            k: kbuf,
+            v: vbuf,
+            cap,
+            ..
+        } = self;
+        let p = pending.as_mut().expect("checked by open_append");
+        let dst = layer * *cap + p.at;
+        if let Undo::Replaced { m, k: sk, v: sv } = &mut p.undo {
+            if !p.written[layer] {
+                sk.copy_rows(layer * *m, kbuf, dst, *m);
+                sv.copy_rows(layer * *m, vbuf, dst, *m);
+            }
+        }
+        p.written[layer] = true;
+        dst
+    }
+
     pub(super) fn write(
         &mut self,
         layer: usize,
         k: ArrayView2<'_, f32>,
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError> {
-        let (at, n) = match &self.pending {
-            Some(p) => (p.at, p.n),
-            None => return Err(KvError::NoAppend),
-        };
-        self.check_layer(layer)?;
+        let (_, n) = self.open_append(layer)?;
         check_rows(n, self.kv_dim, &k, &v)?;
-        let dst = self.offset(self.cap, layer, at);
-        let span = dst..dst + n * self.kv_dim;
-        let kv_dim = self.kv_dim;
-        let Rows {
-            pending,
-            k: kbuf,
-            v: vbuf,
-            ..
-        } = self;
-        let p = pending.as_mut().expect("checked above");
-        if let Undo::Replaced { m, k: sk, v: sv } = &mut p.undo {
-            if !p.written[layer] {
-                let saved = layer * (*m * kv_dim)..(layer + 1) * (*m * kv_dim);
-                let live = dst..dst + *m * kv_dim;
-                sk[saved.clone()].copy_from_slice(&kbuf[live.clone()]);
-                sv[saved].copy_from_slice(&vbuf[live]);
-            }
-        }
-        assign_rows(&mut kbuf[span.clone()], kv_dim, k);
-        assign_rows(&mut vbuf[span], kv_dim, v);
-        p.written[layer] = true;
+        let dst = self.prepare_write(layer);
+        let head_dim = self.geometry.head_dim;
+        self.k.encode(dst, k, head_dim);
+        self.v.encode(dst, v, head_dim);
+        Ok(())
+    }
+
+    pub(super) fn write_stored(
+        &mut self,
+        layer: usize,
+        k: KvRows<'_>,
+        v: KvRows<'_>,
+    ) -> Result<(), KvError> {
+        let (_, n) = self.open_append(layer)?;
+        check_stored(n, &self.geometry, self.kv_types(), &k, &v)?;
+        let dst = self.prepare_write(layer);
+        self.k.assign(dst, k);
+        self.v.assign(dst, v);
         Ok(())
     }
 
@@ -279,12 +293,10 @@ impl Rows {
                 self.cap = cap;
             }
             Undo::Replaced { m, k, v } => {
-                let stride = m * self.kv_dim;
                 for layer in (0..self.geometry.n_layers).filter(|&l| p.written[l]) {
                     let dst = self.offset(self.cap, layer, p.at);
-                    let saved = layer * stride..(layer + 1) * stride;
-                    self.k[dst..dst + stride].copy_from_slice(&k[saved.clone()]);
-                    self.v[dst..dst + stride].copy_from_slice(&v[saved]);
+                    self.k.copy_rows(dst, &k, layer * m, m);
+                    self.v.copy_rows(dst, &v, layer * m, m);
                 }
             }
         }
@@ -303,13 +315,11 @@ impl Rows {
         if self.pending.is_some() {
             return Err(KvError::AppendOpen);
         }
-        let mut k = self.zeroed(self.k.len())?;
-        let mut v = self.zeroed(self.v.len())?;
-        let rows = self.len * self.kv_dim;
+        let (mut k, mut v) = self.zeroed(self.k.rows())?;
         for layer in 0..self.geometry.n_layers {
             let at = self.offset(self.cap, layer, 0);
-            k[at..at + rows].copy_from_slice(&self.k[at..at + rows]);
-            v[at..at + rows].copy_from_slice(&self.v[at..at + rows]);
+            k.copy_rows(at, &self.k, at, self.len);
+            v.copy_rows(at, &self.v, at, self.len);
         }
         Ok(Rows {
             k,
@@ -321,32 +331,20 @@ impl Rows {
     }
 }
 
-/// A zero-filled buffer of exactly `len` floats, through `gate` (consulted only when
-/// `len > 0`) and a fallible reservation: a refusal is [`KvError::AllocFailed`], never an
-/// abort.
-pub(super) fn zeroed(gate: &Gate, len: usize) -> Result<Vec<f32>, KvError> {
-    let bytes = len.saturating_mul(mem::size_of::<f32>());
-    let refused = KvError::AllocFailed { bytes };
-    if len > 0 && gate.as_ref().is_some_and(|g| !g.admit(bytes)) {
-        return Err(refused);
-    }
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(len).map_err(|_| refused)?;
-    buf.resize(len, 0.0);
-    Ok(buf)
-}
-
-/// `kv_dim`, or [`KvError::TooLarge`] when `max_ctx` exceeds `isize::MAX` (the longest
-/// axis an array view may have), or a row, one layer at `max_ctx` positions (which
-/// matters when `n_layers` is 0) or the two buffers together at `max_ctx` would exceed
-/// `isize::MAX` bytes. Checking the full size once makes every offset and buffer length
-/// at a capacity `≤ max_ctx` overflow-free, whichever factor is 0.
-pub(super) fn checked_size(g: &KvGeometry, max_ctx: usize) -> Result<usize, KvError> {
-    let fits = |floats: usize| {
-        floats
-            .checked_mul(2 * mem::size_of::<f32>())
-            .is_some_and(|bytes| bytes <= isize::MAX as usize)
-    };
+/// `kv_dim`, after checking that the types' blocks divide the head size
+/// ([`KvError::BlockShape`]); or [`KvError::TooLarge`] when `max_ctx` exceeds
+/// `isize::MAX` (the longest axis an array view may have), or one position's K and V
+/// rows, one layer at `max_ctx` positions (which matters when `n_layers` is 0) or the
+/// store at `max_ctx` would exceed `isize::MAX` bytes. Checking the full size once makes
+/// every offset and buffer length at a capacity `≤ max_ctx` overflow-free, whichever
+/// factor is 0.
+pub(super) fn checked_size(
+    g: &KvGeometry,
+    max_ctx: usize,
+    types: (KvType, KvType),
+) -> Result<usize, KvError> {
+    types.0.check_head_dim(g.head_dim)?;
+    types.1.check_head_dim(g.head_dim)?;
     let too_large = KvError::TooLarge {
         n_layers: g.n_layers,
         max_ctx,
@@ -359,20 +357,17 @@ pub(super) fn checked_size(g: &KvGeometry, max_ctx: usize) -> Result<usize, KvEr
     if max_ctx > isize::MAX as usize {
         return Err(too_large);
     }
-    max_ctx
-        .checked_mul(kv_dim)
-        .filter(|&stride| fits(stride))
-        .and_then(|stride| stride.checked_mul(g.n_layers))
-        .filter(|&floats| fits(floats))
+    let fits = |bytes: usize| bytes <= isize::MAX as usize;
+    // An f32 row is the widest of the types, so the f32 bound covers any pair.
+    kv_dim
+        .checked_mul(2 * 4)
+        .filter(|&row| fits(row))
+        .and_then(|row| row.checked_mul(max_ctx))
+        .filter(|&layer| fits(layer))
+        .and_then(|layer| layer.checked_mul(g.n_layers))
+        .filter(|&bytes| fits(bytes))
         .map(|_| kv_dim)
         .ok_or(too_large)
-}
-
-/// Copies `rows: [n, kv_dim]` (any strides) into `buf`, `n · kv_dim` floats row-major.
-pub(super) fn assign_rows(buf: &mut [f32], kv_dim: usize, rows: ArrayView2<'_, f32>) {
-    ArrayViewMut2::from_shape((rows.nrows(), kv_dim), buf)
-        .expect("the span holds n · kv_dim floats")
-        .assign(&rows);
 }
 
 /// The growth rule: `cap` (or 1 when `cap == 0`) doubled until it covers `needed`,
@@ -432,6 +427,14 @@ macro_rules! forward_store {
                 v: ndarray::ArrayView2<'_, f32>,
             ) -> Result<(), $crate::kv::KvError> {
                 self.0.write(layer, k, v)
+            }
+            fn write_stored(
+                &mut self,
+                layer: usize,
+                k: $crate::kv::KvRows<'_>,
+                v: $crate::kv::KvRows<'_>,
+            ) -> Result<(), $crate::kv::KvError> {
+                self.0.write_stored(layer, k, v)
             }
             fn commit(&mut self) -> Result<(), $crate::kv::KvError> {
                 self.0.commit()

@@ -19,11 +19,14 @@ use std::ops::Range;
 
 use ndarray::{ArrayView3, Axis, Slice};
 
-use super::{KvError, KvType};
+use half::{bf16, f16};
+
+use super::{BlockQ8_0, KvError, KvType, Q8_0_BLOCK};
 use crate::backend::Mask;
 
-/// One layer's keys or values for a run of slots, `[slots, n_kv_heads, head_dim]`, in
-/// the store's element type.
+/// One layer's keys or values for a run of slots, `[slots, n_kv_heads, units per head]`,
+/// in the store's element type: a unit is one value for the plain types and one block
+/// of 32 for `q8_0` (so a `q8_0` head of 64 values is 2 [`BlockQ8_0`]s).
 ///
 /// Views may be strided along the first two axes (a head range of a layer is); kernels
 /// require the last axis to be contiguous, which every store's rows are.
@@ -32,6 +35,24 @@ use crate::backend::Mask;
 pub enum KvRows<'a> {
     /// 32-bit floats.
     F32(ArrayView3<'a, f32>),
+    /// IEEE half floats.
+    F16(ArrayView3<'a, f16>),
+    /// bfloat16.
+    BF16(ArrayView3<'a, bf16>),
+    /// `q8_0` blocks, `[slots, n_kv_heads, head_dim / 32]`.
+    Q8_0(ArrayView3<'a, BlockQ8_0>),
+}
+
+/// Applies `$body` to the array inside a `KvRows`, rewrapping it in the same variant.
+macro_rules! map_rows {
+    ($rows:expr, $a:ident => $body:expr) => {
+        match $rows {
+            KvRows::F32($a) => KvRows::F32($body),
+            KvRows::F16($a) => KvRows::F16($body),
+            KvRows::BF16($a) => KvRows::BF16($body),
+            KvRows::Q8_0($a) => KvRows::Q8_0($body),
+        }
+    };
 }
 
 impl<'a> KvRows<'a> {
@@ -39,13 +60,23 @@ impl<'a> KvRows<'a> {
     pub fn kv_type(&self) -> KvType {
         match self {
             KvRows::F32(_) => KvType::F32,
+            KvRows::F16(_) => KvType::F16,
+            KvRows::BF16(_) => KvType::BF16,
+            KvRows::Q8_0(_) => KvType::Q8_0,
         }
     }
 
-    /// `[slots, n_kv_heads, head_dim]`.
+    /// `[slots, n_kv_heads, head_dim]` in values (a `q8_0` head of `b` blocks is
+    /// `32 · b` values).
     pub fn dim(&self) -> (usize, usize, usize) {
         match self {
             KvRows::F32(a) => a.dim(),
+            KvRows::F16(a) => a.dim(),
+            KvRows::BF16(a) => a.dim(),
+            KvRows::Q8_0(a) => {
+                let (s, h, b) = a.dim();
+                (s, h, b * Q8_0_BLOCK)
+            }
         }
     }
 
@@ -64,9 +95,7 @@ impl<'a> KvRows<'a> {
     /// # Panics
     /// If `heads` is not within `0..n_kv_heads` (a programming error).
     pub fn heads(self, heads: Range<usize>) -> KvRows<'a> {
-        match self {
-            KvRows::F32(a) => KvRows::F32(a.slice_axis_move(Axis(1), Slice::from(heads))),
-        }
+        map_rows!(self, a => a.slice_axis_move(Axis(1), Slice::from(heads)))
     }
 
     /// Slots `slots` of this run.
@@ -74,8 +103,42 @@ impl<'a> KvRows<'a> {
     /// # Panics
     /// If `slots` is not within `0..len` (a programming error).
     pub fn slots(self, slots: Range<usize>) -> KvRows<'a> {
+        map_rows!(self, a => a.slice_axis_move(Axis(0), Slice::from(slots)))
+    }
+
+    /// Whether the last axis is contiguous (what the kernels require).
+    pub fn last_axis_contiguous(&self) -> bool {
+        fn ok<T>(a: &ArrayView3<'_, T>) -> bool {
+            a.shape().contains(&0) || a.shape()[2] <= 1 || a.strides()[2] == 1
+        }
         match self {
-            KvRows::F32(a) => KvRows::F32(a.slice_axis_move(Axis(0), Slice::from(slots))),
+            KvRows::F32(a) => ok(a),
+            KvRows::F16(a) => ok(a),
+            KvRows::BF16(a) => ok(a),
+            KvRows::Q8_0(a) => ok(a),
+        }
+    }
+
+    /// The stored bytes of slot `t`, KV head `kvh`, in the type's GGUF layout (`F32`,
+    /// `F16`, `BF16`, `Q8_0` little-endian), or `None` when the last axis is not
+    /// contiguous.
+    ///
+    /// # Panics
+    /// If `t` or `kvh` is out of range (a programming error).
+    pub fn head_bytes(&self, t: usize, kvh: usize) -> Option<&'a [u8]> {
+        fn row<'a, T: bytemuck::Pod>(
+            a: ArrayView3<'a, T>,
+            t: usize,
+            kvh: usize,
+        ) -> Option<&'a [u8]> {
+            let r = a.index_axis_move(Axis(0), t).index_axis_move(Axis(0), kvh);
+            r.to_slice().map(bytemuck::cast_slice)
+        }
+        match *self {
+            KvRows::F32(a) => row(a, t, kvh),
+            KvRows::F16(a) => row(a, t, kvh),
+            KvRows::BF16(a) => row(a, t, kvh),
+            KvRows::Q8_0(a) => row(a, t, kvh),
         }
     }
 }
@@ -171,17 +234,6 @@ impl<'a> KvSegment<'a> {
     }
 }
 
-/// A segment whose keys and values are f32 rows ([`KvView::f32_segments`]).
-#[derive(Clone, Copy, Debug)]
-pub struct F32Segment<'a> {
-    /// The segment (positions, and the rows as [`KvRows`]).
-    pub segment: KvSegment<'a>,
-    /// Its keys, `[len, n_kv_heads, head_dim]`.
-    pub keys: ArrayView3<'a, f32>,
-    /// Its values, `[len, n_kv_heads, head_dim]`.
-    pub values: ArrayView3<'a, f32>,
-}
-
 /// One layer of a store as attention reads it: segments in ascending position order.
 #[derive(Clone, Debug)]
 pub struct KvView<'a> {
@@ -193,16 +245,32 @@ pub struct KvView<'a> {
 impl<'a> KvView<'a> {
     /// A view of `segments`, each `[len, n_kv_heads, head_dim]`.
     ///
-    /// Errors with [`KvError::RowShape`] when a segment's heads or head size differ, and
-    /// with [`KvError::Positions`] when a segment does not start after the previous one
-    /// ends (positions must be unique and ascending).
+    /// Errors with [`KvError::RowShape`] when a segment's heads or head size differ, with
+    /// [`KvError::RowType`] when a segment's keys (or values) are of another element type
+    /// than the first segment's, and with [`KvError::Positions`] when a segment does not
+    /// start after the previous one ends (positions must be unique and ascending).
     pub fn new(
         n_kv_heads: usize,
         head_dim: usize,
         segments: Vec<KvSegment<'a>>,
     ) -> Result<Self, KvError> {
         let mut next = 0;
+        let first = segments
+            .first()
+            .map(|s| (s.keys.kv_type(), s.values.kv_type()));
         for s in &segments {
+            for (what, ty, want) in [
+                ("segment keys", s.keys.kv_type(), first.map(|t| t.0)),
+                ("segment values", s.values.kv_type(), first.map(|t| t.1)),
+            ] {
+                if let Some(expected) = want.filter(|&w| w != ty) {
+                    return Err(KvError::RowType {
+                        what,
+                        expected,
+                        found: ty,
+                    });
+                }
+            }
             let (len, h, d) = s.keys.dim();
             if (h, d) != (n_kv_heads, head_dim) {
                 return Err(KvError::RowShape {
@@ -240,6 +308,13 @@ impl<'a> KvView<'a> {
         KvView::new(h, d, vec![segment])
     }
 
+    /// The element types of the keys and of the values (every segment's), or `None` for a
+    /// view without segments.
+    pub fn kv_types(&self) -> Option<(KvType, KvType)> {
+        let s = self.segments.first()?;
+        Some((s.keys.kv_type(), s.values.kv_type()))
+    }
+
     /// KV heads per slot.
     pub fn n_kv_heads(&self) -> usize {
         self.n_kv_heads
@@ -263,24 +338,6 @@ impl<'a> KvView<'a> {
     /// Whether no slot is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// The segments with their rows as f32 arrays, for a kernel that reads f32 rows;
-    /// errors with the first other element type met (keys before values).
-    pub fn f32_segments(&self) -> Result<Vec<F32Segment<'a>>, KvType> {
-        self.segments
-            .iter()
-            .map(|&segment| match (segment.keys, segment.values) {
-                (KvRows::F32(keys), KvRows::F32(values)) => Ok(F32Segment {
-                    segment,
-                    keys,
-                    values,
-                }),
-                // Reachable once `KvRows` has a second element type.
-                #[allow(unreachable_patterns)]
-                (KvRows::F32(_), other) | (other, _) => Err(other.kv_type()),
-            })
-            .collect()
     }
 
     /// Every position held, ascending.

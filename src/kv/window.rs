@@ -48,16 +48,16 @@
 //! re-prefills from position 0.
 
 use std::fmt;
-use std::mem;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use ndarray::{ArrayView2, ArrayView3};
+use ndarray::ArrayView2;
 
-use super::rows::{Rows, assign_rows, checked_size, grown_capacity, zeroed};
+use super::elem::Buf;
+use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
     AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
-    check_rows,
+    check_rows, check_stored,
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
@@ -87,6 +87,8 @@ use super::{
 /// mask gives bitwise the same result.
 pub struct WindowKv {
     geometry: KvGeometry,
+    /// K's and V's element types.
+    types: (KvType, KvType),
     kv_dim: usize,
     max_ctx: usize,
     /// Committed positions, `0 .. len`.
@@ -117,10 +119,10 @@ struct Ring {
     cap: usize,
     /// The first retained position.
     lo: usize,
-    /// `[cap][kv_dim]`
-    k: Vec<f32>,
-    /// `[cap][kv_dim]`
-    v: Vec<f32>,
+    /// `[cap]` rows of K's type
+    k: Buf,
+    /// `[cap]` rows of V's type
+    v: Buf,
 }
 
 /// An open append.
@@ -142,17 +144,17 @@ struct Staged {
     grown: Option<Ring>,
     /// The first pending position: `at`, or in a restore the `start` written.
     first: usize,
-    /// `[rows][kv_dim]`: the pending rows of positions `first ..`.
-    k: Vec<f32>,
-    /// `[rows][kv_dim]`
-    v: Vec<f32>,
+    /// `[rows]`: the pending rows of positions `first ..`, in K's type.
+    k: Buf,
+    /// `[rows]`, in V's type.
+    v: Buf,
     /// Rows written.
     rows: usize,
 }
 
 impl Ring {
     fn bytes(&self) -> usize {
-        (self.k.capacity() + self.v.capacity()) * mem::size_of::<f32>()
+        self.k.bytes() + self.v.bytes()
     }
 
     /// The slot ranges holding positions `a .. b` (`b − a ≤ cap`), in position order:
@@ -191,6 +193,20 @@ impl WindowKv {
         max_ctx: usize,
         windows: &[Option<usize>],
     ) -> Result<Self, KvError> {
+        Self::with_types(geometry, max_ctx, windows, (KvType::F32, KvType::F32))
+    }
+
+    /// [`new`](WindowKv::new) with K rows of type `types.0` and V rows of `types.1`.
+    ///
+    /// # Errors
+    /// As [`new`](WindowKv::new), and [`KvError::BlockShape`] when a type's blocks do not
+    /// divide the head size.
+    pub fn with_types(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        windows: &[Option<usize>],
+        types: (KvType, KvType),
+    ) -> Result<Self, KvError> {
         if windows.len() != geometry.n_layers {
             return Err(KvError::WindowCount {
                 found: windows.len(),
@@ -200,7 +216,7 @@ impl WindowKv {
         if let Some(layer) = windows.iter().position(|w| *w == Some(0)) {
             return Err(KvError::ZeroWindow { layer });
         }
-        let kv_dim = checked_size(&geometry, max_ctx)?;
+        let kv_dim = checked_size(&geometry, max_ctx, types)?;
         let (mut n_global, mut n_rings) = (0, 0);
         let map = windows
             .iter()
@@ -216,6 +232,7 @@ impl WindowKv {
             },
             max_ctx,
             Self::INITIAL_CAPACITY,
+            types,
         )?;
         let rings = windows
             .iter()
@@ -226,13 +243,14 @@ impl WindowKv {
                     window,
                     cap,
                     lo: 0,
-                    k: zeroed(&None, cap * kv_dim)?,
-                    v: zeroed(&None, cap * kv_dim)?,
+                    k: Buf::zeroed(types.0, kv_dim, cap, &None)?,
+                    v: Buf::zeroed(types.1, kv_dim, cap, &None)?,
                 })
             })
             .collect::<Result<_, KvError>>()?;
         Ok(WindowKv {
             geometry,
+            types,
             kv_dim,
             max_ctx,
             len: 0,
@@ -307,7 +325,8 @@ impl WindowKv {
     /// window layers receive up to `rows` rows each: grown rings and staging, allocated
     /// through the gate.
     fn stage(&self, at: usize, end: usize, restore: bool) -> Result<Vec<Staged>, KvError> {
-        let kv_dim = self.kv_dim;
+        let buf = |ty, rows| Buf::zeroed(ty, self.kv_dim, rows, &self.gate);
+        let (kt, vt) = self.types;
         self.rings
             .iter()
             .map(|ring| {
@@ -319,8 +338,8 @@ impl WindowKv {
                         window: ring.window,
                         cap,
                         lo: 0,
-                        k: zeroed(&self.gate, cap * kv_dim)?,
-                        v: zeroed(&self.gate, cap * kv_dim)?,
+                        k: buf(kt, cap)?,
+                        v: buf(vt, cap)?,
                     };
                     // The retained positions a commit keeps: `lo .. min(len, at)`.
                     let kept = if restore {
@@ -329,9 +348,9 @@ impl WindowKv {
                         ring.lo..self.len.min(at)
                     };
                     for p in kept {
-                        let (src, dst) = ((p % ring.cap) * kv_dim, (p % cap) * kv_dim);
-                        grown.k[dst..dst + kv_dim].copy_from_slice(&ring.k[src..src + kv_dim]);
-                        grown.v[dst..dst + kv_dim].copy_from_slice(&ring.v[src..src + kv_dim]);
+                        let (src, dst) = (p % ring.cap, p % cap);
+                        grown.k.copy_rows(dst, &ring.k, src, 1);
+                        grown.v.copy_rows(dst, &ring.v, src, 1);
                     }
                     Some(grown)
                 } else {
@@ -341,8 +360,8 @@ impl WindowKv {
                 Ok(Staged {
                     grown,
                     first: at,
-                    k: zeroed(&self.gate, rows * kv_dim)?,
-                    v: zeroed(&self.gate, rows * kv_dim)?,
+                    k: buf(kt, rows)?,
+                    v: buf(vt, rows)?,
                     rows: 0,
                 })
             })
@@ -372,19 +391,13 @@ impl WindowKv {
     fn push_segments<'a>(
         &self,
         segments: &mut Vec<KvSegment<'a>>,
-        k: &'a [f32],
-        v: &'a [f32],
+        k: &'a Buf,
+        v: &'a Buf,
         runs: impl Iterator<Item = (usize, usize, usize)>,
     ) -> Result<(), KvError> {
-        let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
+        let h = self.geometry.n_kv_heads;
         for (start, slot, slots) in runs {
-            let span = slot * self.kv_dim..(slot + slots) * self.kv_dim;
-            let keys = ArrayView3::from_shape((slots, h, d), &k[span.clone()]);
-            let values = ArrayView3::from_shape((slots, h, d), &v[span]);
-            let (keys, values) = match (keys, values) {
-                (Ok(k), Ok(v)) => (KvRows::F32(k), KvRows::F32(v)),
-                _ => unreachable!("the span holds slots · kv_dim floats"),
-            };
+            let (keys, values) = (k.view(slot, slots, h), v.view(slot, slots, h));
             segments.push(KvSegment::new(start, keys, values)?);
         }
         Ok(())
@@ -417,10 +430,9 @@ impl WindowKv {
         &mut self,
         layer: usize,
         r: usize,
-        k: ArrayView2<'_, f32>,
-        v: ArrayView2<'_, f32>,
+        rows_in: Incoming<'_, '_>,
     ) -> Result<(), KvError> {
-        let kv_dim = self.kv_dim;
+        let (kv_dim, geometry, types) = (self.kv_dim, self.geometry, self.types);
         let window = self.rings[r].window;
         let p = self.pending.as_mut().expect("checked by the caller");
         let rows = if p.restore {
@@ -428,24 +440,52 @@ impl WindowKv {
             // count is refused as a shape error naming the most rows allowed.
             let starts = restore_range(p.n, window);
             let allowed = p.n - starts.end()..=p.n - starts.start();
-            if allowed.contains(&k.nrows()) {
-                k.nrows()
+            if allowed.contains(&rows_in.len()) {
+                rows_in.len()
             } else {
                 *allowed.end()
             }
         } else {
             p.n
         };
-        check_rows(rows, kv_dim, &k, &v)?;
+        let n = rows;
+        match &rows_in {
+            Incoming::F32(k, v) => check_rows(n, kv_dim, k, v)?,
+            Incoming::Stored(k, v) => check_stored(n, &geometry, types, k, v)?,
+        }
         let s = &mut p.rings[r];
         if p.restore {
-            s.first = p.n - rows;
+            s.first = p.n - n;
         }
-        assign_rows(&mut s.k[..rows * kv_dim], kv_dim, k);
-        assign_rows(&mut s.v[..rows * kv_dim], kv_dim, v);
-        s.rows = rows;
+        match rows_in {
+            Incoming::F32(k, v) => {
+                s.k.encode(0, k, geometry.head_dim);
+                s.v.encode(0, v, geometry.head_dim);
+            }
+            Incoming::Stored(k, v) => {
+                s.k.assign(0, k);
+                s.v.assign(0, v);
+            }
+        }
+        s.rows = n;
         p.written[layer] = true;
         Ok(())
+    }
+}
+
+/// Rows given to a window layer: f32 to encode, or already in the store's types.
+enum Incoming<'k, 'v> {
+    F32(ArrayView2<'k, f32>, ArrayView2<'v, f32>),
+    Stored(KvRows<'k>, KvRows<'v>),
+}
+
+impl Incoming<'_, '_> {
+    /// Rows of the keys.
+    fn len(&self) -> usize {
+        match self {
+            Incoming::F32(k, _) => k.nrows(),
+            Incoming::Stored(k, _) => k.len(),
+        }
     }
 }
 
@@ -464,7 +504,7 @@ impl KvStore for WindowKv {
     }
 
     fn kv_types(&self) -> (KvType, KvType) {
-        (KvType::F32, KvType::F32)
+        self.types
     }
 
     fn max_ctx(&self) -> usize {
@@ -502,7 +542,7 @@ impl KvStore for WindowKv {
             p.rings
                 .iter()
                 .map(|s| {
-                    let staging = (s.k.capacity() + s.v.capacity()) * mem::size_of::<f32>();
+                    let staging = s.k.bytes() + s.v.bytes();
                     staging + s.grown.as_ref().map_or(0, Ring::bytes)
                 })
                 .sum()
@@ -538,7 +578,23 @@ impl KvStore for WindowKv {
                 }
                 Ok(())
             }
-            Layer::Window(r) => self.write_ring(layer, r, k, v),
+            Layer::Window(r) => self.write_ring(layer, r, Incoming::F32(k, v)),
+        }
+    }
+
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        if self.pending.is_none() {
+            return Err(KvError::NoAppend);
+        }
+        match self.check_layer(layer)? {
+            Layer::Global(g) => {
+                self.global.write_stored(g, k, v)?;
+                if let Some(p) = &mut self.pending {
+                    p.written[layer] = true;
+                }
+                Ok(())
+            }
+            Layer::Window(r) => self.write_ring(layer, r, Incoming::Stored(k, v)),
         }
     }
 
@@ -551,7 +607,7 @@ impl KvStore for WindowKv {
         }
         self.global.commit()?;
         let p = self.pending.take().expect("checked above");
-        let (at, end, kv_dim) = (p.at, p.at + p.n, self.kv_dim);
+        let (at, end) = (p.at, p.at + p.n);
         for (ring, staged) in self.rings.iter_mut().zip(p.rings) {
             if let Some(grown) = staged.grown {
                 (ring.k, ring.v, ring.cap) = (grown.k, grown.v, grown.cap);
@@ -565,9 +621,9 @@ impl KvStore for WindowKv {
             };
             let lo = base.max(end.saturating_sub(ring.cap));
             for pos in lo.max(staged.first)..end {
-                let (src, dst) = ((pos - staged.first) * kv_dim, (pos % ring.cap) * kv_dim);
-                ring.k[dst..dst + kv_dim].copy_from_slice(&staged.k[src..src + kv_dim]);
-                ring.v[dst..dst + kv_dim].copy_from_slice(&staged.v[src..src + kv_dim]);
+                let (src, dst) = (pos - staged.first, pos % ring.cap);
+                ring.k.copy_rows(dst, &staged.k, src, 1);
+                ring.v.copy_rows(dst, &staged.v, src, 1);
             }
             ring.lo = lo;
         }
@@ -618,17 +674,16 @@ impl KvStore for WindowKv {
         if self.pending.is_some() || self.global.is_open() {
             return Err(KvError::AppendOpen);
         }
-        let kv_dim = self.kv_dim;
+        let (kt, vt) = self.types;
         let rings = self
             .rings
             .iter()
             .map(|r| {
-                let mut k = zeroed(&self.gate, r.k.len())?;
-                let mut v = zeroed(&self.gate, r.v.len())?;
+                let mut k = Buf::zeroed(kt, self.kv_dim, r.k.rows(), &self.gate)?;
+                let mut v = Buf::zeroed(vt, self.kv_dim, r.v.rows(), &self.gate)?;
                 for (_, slot, slots) in r.runs(r.lo, self.len) {
-                    let span = slot * kv_dim..(slot + slots) * kv_dim;
-                    k[span.clone()].copy_from_slice(&r.k[span.clone()]);
-                    v[span.clone()].copy_from_slice(&r.v[span]);
+                    k.copy_rows(slot, &r.k, slot, slots);
+                    v.copy_rows(slot, &r.v, slot, slots);
                 }
                 Ok(Ring { k, v, ..*r })
             })
@@ -721,6 +776,7 @@ mod tests {
             .iter()
             .flat_map(|s| match s.keys() {
                 KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                other => panic!("f32 rows expected, got {}", other.kv_type()),
             })
             .collect();
         (view.positions().collect(), bits, view.segments().len())

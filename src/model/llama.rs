@@ -40,7 +40,7 @@
 use super::{FfnActivation, LlamaConfig, ModelError};
 use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
-use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, WindowKv};
+use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, KvType, WindowKv};
 use ndarray::{Array2, Axis};
 use std::cell::OnceCell;
 
@@ -266,11 +266,25 @@ impl<B: Backend> Llama<B> {
     /// Both give bitwise the logits of a [`DenseKv`](crate::kv::DenseKv) (the reference,
     /// which keeps every position and relies on the masks).
     pub fn new_kv(&self, max_ctx: usize) -> Result<Box<dyn KvStore>, KvError> {
+        self.new_kv_with_types(max_ctx, (KvType::F32, KvType::F32))
+    }
+
+    /// [`new_kv`](Self::new_kv) keeping K rows in `types.0` and V rows in `types.1`
+    /// (`kv/elem.rs` states each type's encoding; attention reads them in place).
+    ///
+    /// Errors: as [`new_kv`](Self::new_kv), and [`KvError::BlockShape`] when a type's
+    /// blocks do not divide the head size.
+    pub fn new_kv_with_types(
+        &self,
+        max_ctx: usize,
+        types: (KvType, KvType),
+    ) -> Result<Box<dyn KvStore>, KvError> {
         let windows = self.config.windows();
+        let g = self.kv_geometry();
         Ok(if windows.iter().all(Option::is_none) {
-            Box::new(self.new_grow_kv(max_ctx)?)
+            Box::new(GrowKv::with_types(g, max_ctx, types)?)
         } else {
-            Box::new(WindowKv::new(self.kv_geometry(), max_ctx, &windows)?)
+            Box::new(WindowKv::with_types(g, max_ctx, &windows, types)?)
         })
     }
 

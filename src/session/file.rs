@@ -13,7 +13,8 @@
 //! tokens  [n_tokens] u32
 //! meta    [meta_len] bytes            (opaque to kvcore: the application's blob)
 //! layers  [n_layers] of: start u64, count u64, window u64 (0: every position),
-//!                        K rows [count, kv_dim], V rows [count, kv_dim]  (f32 today)
+//!                        K rows [count, kv_dim], V rows [count, kv_dim]  (in the K and
+//!                        V types: f32, f16 and bf16 values, q8_0 34-byte blocks)
 //! sha256  [32]   over every byte before it
 //! ```
 //!
@@ -58,13 +59,16 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ndarray::ArrayView2;
+use half::{bf16, f16};
+use ndarray::ArrayView3;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::Session;
 use crate::backend::Backend;
-use crate::kv::{Append, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType};
+use crate::kv::{
+    Append, BlockQ8_0, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, Q8_0_BLOCK,
+};
 use crate::model::Llama;
 
 /// The first 8 bytes of every session file.
@@ -486,6 +490,67 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(v)
 }
 
+/// One layer's K or V rows as read from a file, in the file's (and the store's) type.
+enum Stored {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+impl Stored {
+    fn new(ty: KvType) -> Stored {
+        match ty {
+            KvType::F16 => Stored::F16(Vec::new()),
+            KvType::BF16 => Stored::BF16(Vec::new()),
+            KvType::Q8_0 => Stored::Q8_0(Vec::new()),
+            KvType::F32 => Stored::F32(Vec::new()),
+        }
+    }
+
+    /// Reads `rows` rows of `kv_dim` values (a whole number of units: the header's
+    /// layout check).
+    fn read<R: Read>(
+        &mut self,
+        src: &mut Source<R>,
+        rows: usize,
+        kv_dim: usize,
+    ) -> Result<(), SessionError> {
+        fn sized<T: bytemuck::Pod>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+            v.clear();
+            v.resize(len, T::zeroed());
+            v
+        }
+        match self {
+            Stored::F32(v) => src.units(sized(v, rows * kv_dim), |x| {
+                *x = f32::from_bits(u32::from_le(x.to_bits()))
+            }),
+            Stored::F16(v) => src.units(sized(v, rows * kv_dim), |x| {
+                *x = f16::from_bits(u16::from_le(x.to_bits()))
+            }),
+            Stored::BF16(v) => src.units(sized(v, rows * kv_dim), |x| {
+                *x = bf16::from_bits(u16::from_le(x.to_bits()))
+            }),
+            Stored::Q8_0(v) => src.units(sized(v, rows * (kv_dim / Q8_0_BLOCK)), |b| {
+                b.d = f16::from_bits(u16::from_le(b.d.to_bits()))
+            }),
+        }
+    }
+
+    /// The rows read, `[rows, n_kv_heads, head_dim]`.
+    fn view(&self, rows: usize, h: usize, d: usize) -> KvRows<'_> {
+        let err = "the buffer holds rows · kv_dim values";
+        match self {
+            Stored::F32(v) => KvRows::F32(ArrayView3::from_shape((rows, h, d), v).expect(err)),
+            Stored::F16(v) => KvRows::F16(ArrayView3::from_shape((rows, h, d), v).expect(err)),
+            Stored::BF16(v) => KvRows::BF16(ArrayView3::from_shape((rows, h, d), v).expect(err)),
+            Stored::Q8_0(v) => {
+                KvRows::Q8_0(ArrayView3::from_shape((rows, h, d / Q8_0_BLOCK), v).expect(err))
+            }
+        }
+    }
+}
+
 /// The reading side: a reader, the SHA-256 of everything read through
 /// [`read`](Source::read), and the position for [`SessionError::Truncated`].
 struct Source<R> {
@@ -553,11 +618,15 @@ impl<R: Read> Source<R> {
         Ok(())
     }
 
-    /// Reads `out.len()` little-endian f32s.
-    fn f32s(&mut self, out: &mut [f32]) -> Result<(), SessionError> {
+    /// Reads `out.len()` units of a plain Pod type whose little-endian bytes are fixed by
+    /// `from_le` (a no-op on little-endian machines).
+    fn units<T: bytemuck::Pod>(
+        &mut self,
+        out: &mut [T],
+        from_le: impl Fn(&mut T),
+    ) -> Result<(), SessionError> {
         self.read(bytemuck::cast_slice_mut(out))?;
-        out.iter_mut()
-            .for_each(|x| *x = f32::from_bits(u32::from_le(x.to_bits())));
+        out.iter_mut().for_each(from_le);
         Ok(())
     }
 
@@ -602,11 +671,32 @@ impl<W: Write> Sink<W> {
         self.inner.write_all(bytes)
     }
 
-    /// Writes f32 rows (any layout, in logical order) little-endian.
-    fn f32s<'a>(&mut self, values: impl Iterator<Item = &'a f32>) -> io::Result<()> {
+    /// Writes rows (any layout, in logical order) in their type's little-endian layout.
+    fn rows(&mut self, rows: KvRows<'_>) -> io::Result<()> {
+        match rows {
+            KvRows::F32(a) => self.units(a.iter(), |v, b| b.extend_from_slice(&v.to_le_bytes())),
+            KvRows::F16(a) => self.units(a.iter(), |v, b| {
+                b.extend_from_slice(&v.to_bits().to_le_bytes())
+            }),
+            KvRows::BF16(a) => self.units(a.iter(), |v, b| {
+                b.extend_from_slice(&v.to_bits().to_le_bytes())
+            }),
+            KvRows::Q8_0(a) => self.units(a.iter(), |v, b| {
+                b.extend_from_slice(&v.d.to_bits().to_le_bytes());
+                b.extend(v.qs.iter().map(|&q| q as u8));
+            }),
+        }
+    }
+
+    /// Writes every unit of `values` through `put`, in staged chunks.
+    fn units<'a, T: 'a>(
+        &mut self,
+        values: impl Iterator<Item = &'a T>,
+        put: impl Fn(&T, &mut Vec<u8>),
+    ) -> io::Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
         for v in values {
-            buf.extend_from_slice(&v.to_le_bytes());
+            put(v, &mut buf);
             if buf.len() >= STAGING {
                 self.write(&buf)?;
                 buf.clear();
@@ -780,9 +870,8 @@ impl<K: KvStore> Session<K> {
             sink.write(&window.to_le_bytes()).map_err(io)?;
             for keys in [true, false] {
                 for s in view.segments() {
-                    match if keys { s.keys() } else { s.values() } {
-                        KvRows::F32(a) => sink.f32s(a.iter()).map_err(io)?,
-                    }
+                    sink.rows(if keys { s.keys() } else { s.values() })
+                        .map_err(io)?;
                 }
             }
         }
@@ -891,7 +980,8 @@ impl<K: KvStore> Session<K> {
         // are sized, and those rows' bytes are part of the file's length, which fits in
         // isize; with no layer, nothing is read into them.
         let kv_dim = expected.kv_dim();
-        let (mut k, mut v) = (Vec::new(), Vec::new()); // [count, kv_dim]
+        let (h, d) = (expected.n_kv_heads, expected.head_dim);
+        let (mut k, mut v) = (Stored::new(header.types.0), Stored::new(header.types.1));
         let mut found = 0u64;
         for layer in 0..expected.n_layers {
             let (start, count) = (src.u64()?, src.u64()?);
@@ -921,19 +1011,10 @@ impl<K: KvStore> Session<K> {
                 });
             }
             // count ≤ n_tokens here, so count · kv_dim fits (see above).
-            let rows = count as usize * kv_dim;
-            k.resize(rows, 0f32);
-            v.resize(rows, 0f32);
-            src.f32s(&mut k)?;
-            src.f32s(&mut v)?;
-            let shape = (count as usize, kv_dim);
-            match (
-                ArrayView2::from_shape(shape, &k),
-                ArrayView2::from_shape(shape, &v),
-            ) {
-                (Ok(k), Ok(v)) => tx.write(layer, k, v)?,
-                _ => unreachable!("the buffers hold count · kv_dim floats"),
-            }
+            let rows = count as usize;
+            k.read(&mut src, rows, kv_dim)?;
+            v.read(&mut src, rows, kv_dim)?;
+            tx.write_stored(layer, k.view(rows, h, d), v.view(rows, h, d))?;
         }
         if found != layout.n_rows {
             return Err(SessionError::RowCount {

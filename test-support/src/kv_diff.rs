@@ -49,9 +49,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arbitrary::{Arbitrary, Unstructured};
+use half::{bf16, f16};
 use kvcore::kv::{
-    AllocGate, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
-    WindowKv, check_begin, check_rows,
+    AllocGate, BlockQ8_0, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType,
+    KvView, Q8_0_BLOCK, WindowKv, check_begin, check_rows, encode_q8_0,
 };
 use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
 
@@ -189,6 +190,10 @@ pub struct Scenario {
     /// missing entries are `None`, extra ones ignored.
     #[arbitrary(with = arb_windows)]
     pub windows: Vec<Option<usize>>,
+    /// The element types of K and V in every store (read last, so input that ends
+    /// before it, as the older corpus files do, gets f32).
+    #[arbitrary(with = arb_types)]
+    pub types: (KvType, KvType),
 }
 
 impl Scenario {
@@ -218,12 +223,17 @@ impl Scenario {
             .collect()
     }
 
-    /// The stores' geometry.
+    /// The stores' geometry. With a `q8_0` type a head is one block of 32 values (0
+    /// stays 0): a head of [`MAX_HEAD_DIM`] would not hold a block.
     pub fn geometry(&self) -> KvGeometry {
+        let q8 = [self.types.0, self.types.1].contains(&KvType::Q8_0);
         KvGeometry {
             n_layers: self.n_layers,
             n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
+            head_dim: match self.head_dim {
+                d if q8 && d > 0 => Q8_0_BLOCK,
+                d => d,
+            },
         }
     }
 }
@@ -242,6 +252,18 @@ fn arb_windows(u: &mut Unstructured) -> arbitrary::Result<Vec<Option<usize>>> {
     (0..MAX_LAYERS)
         .map(|_| u8::arbitrary(u).map(window_of))
         .collect()
+}
+
+/// K and V types from one byte: mostly f32 for both (the reference), else any pair.
+fn arb_types(u: &mut Unstructured) -> arbitrary::Result<(KvType, KvType)> {
+    let b = u8::arbitrary(u)?;
+    let all = KvType::ALL;
+    Ok(if b < 64 {
+        (KvType::F32, KvType::F32)
+    } else {
+        let b = usize::from(b - 64);
+        (all[b % all.len()], all[b / all.len() % all.len()])
+    })
 }
 
 fn arb_bits(u: &mut Unstructured) -> arbitrary::Result<Vec<u32>> {
@@ -306,11 +328,83 @@ pub struct SpecKv {
     windows: Vec<Option<usize>>,
     /// `[n_layers]`: the first position shown (0 for a global layer).
     lo: Vec<usize>,
-    /// `[n_layers]` of `[len, kv_dim]`.
-    k: Vec<Vec<f32>>,
-    /// `[n_layers]` of `[len, kv_dim]`.
-    v: Vec<Vec<f32>>,
+    /// K's and V's element types.
+    types: (KvType, KvType),
+    /// `[n_layers]` of `[len]` rows in K's type.
+    k: Vec<SpecRows>,
+    /// `[n_layers]` of `[len]` rows in V's type.
+    v: Vec<SpecRows>,
     pending: Option<SpecAppend>,
+}
+
+/// Rows of one element type, each encoded on its own (`kv::encode_q8_0`, `half`'s conversions): `[rows][units per row]`.
+#[derive(Debug, Clone)]
+enum SpecRows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+macro_rules! each_rows {
+    ($rows:expr, $v:ident => $body:expr) => {
+        match $rows {
+            SpecRows::F32($v) => $body,
+            SpecRows::F16($v) => $body,
+            SpecRows::BF16($v) => $body,
+            SpecRows::Q8_0($v) => $body,
+        }
+    };
+}
+
+impl SpecRows {
+    fn new(ty: KvType) -> SpecRows {
+        match ty {
+            KvType::F16 => SpecRows::F16(Vec::new()),
+            KvType::BF16 => SpecRows::BF16(Vec::new()),
+            KvType::Q8_0 => SpecRows::Q8_0(Vec::new()),
+            _ => SpecRows::F32(Vec::new()),
+        }
+    }
+
+    /// The first `units` units followed by `rows` encoded.
+    fn prefix_then(&self, units: usize, rows: ArrayView2<'_, f32>, head_dim: usize) -> SpecRows {
+        let mut out = self.clone();
+        out.truncate(units);
+        match &mut out {
+            SpecRows::F32(v) => v.extend(rows.iter()),
+            SpecRows::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
+            SpecRows::BF16(v) => v.extend(rows.iter().map(|&x| bf16::from_f32(x))),
+            SpecRows::Q8_0(v) => {
+                for row in rows.rows() {
+                    v.extend(encode_q8_0(&row.to_vec(), head_dim));
+                }
+            }
+        }
+        out
+    }
+
+    fn truncate(&mut self, units: usize) {
+        each_rows!(self, v => v.truncate(units))
+    }
+
+    /// Units `span` as `[rows, h, per_head]`.
+    fn view(
+        &self,
+        span: std::ops::Range<usize>,
+        rows: usize,
+        h: usize,
+        per_head: usize,
+    ) -> KvRows<'_> {
+        let shape = (rows, h, per_head);
+        let err = "rows · units per row";
+        match self {
+            SpecRows::F32(v) => KvRows::F32(ArrayView3::from_shape(shape, &v[span]).expect(err)),
+            SpecRows::F16(v) => KvRows::F16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
+            SpecRows::BF16(v) => KvRows::BF16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
+            SpecRows::Q8_0(v) => KvRows::Q8_0(ArrayView3::from_shape(shape, &v[span]).expect(err)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -318,7 +412,7 @@ struct SpecAppend {
     at: usize,
     n: usize,
     /// `[n_layers]`: once written, the layer's K and V rows `0 .. at + n`.
-    layers: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    layers: Vec<Option<(SpecRows, SpecRows)>>,
 }
 
 impl SpecKv {
@@ -331,7 +425,19 @@ impl SpecKv {
     /// An empty store whose layer `l` has the window `windows[l]` (missing entries are
     /// global layers).
     pub fn with_windows(geometry: KvGeometry, max_ctx: usize, windows: &[Option<usize>]) -> Self {
+        SpecKv::with_types(geometry, max_ctx, windows, (KvType::F32, KvType::F32))
+    }
+
+    /// [`with_windows`](SpecKv::with_windows) with K rows of `types.0` and V rows of
+    /// `types.1` (the head size a whole number of the types' blocks).
+    pub fn with_types(
+        geometry: KvGeometry,
+        max_ctx: usize,
+        windows: &[Option<usize>],
+        types: (KvType, KvType),
+    ) -> Self {
         SpecKv {
+            types,
             geometry,
             kv_dim: geometry.kv_dim(),
             max_ctx,
@@ -340,10 +446,18 @@ impl SpecKv {
                 .map(|l| windows.get(l).copied().flatten())
                 .collect(),
             lo: vec![0; geometry.n_layers],
-            k: vec![Vec::new(); geometry.n_layers],
-            v: vec![Vec::new(); geometry.n_layers],
+            k: vec![SpecRows::new(types.0); geometry.n_layers],
+            v: vec![SpecRows::new(types.1); geometry.n_layers],
             pending: None,
         }
+    }
+
+    /// Units per K row and per V row.
+    fn units(&self) -> (usize, usize) {
+        (
+            self.types.0.row_units(self.kv_dim),
+            self.types.1.row_units(self.kv_dim),
+        )
     }
 
     fn check_layer(&self, layer: usize) -> Result<(), KvError> {
@@ -401,7 +515,7 @@ impl KvStore for SpecKv {
         self.geometry
     }
     fn kv_types(&self) -> (KvType, KvType) {
-        (KvType::F32, KvType::F32)
+        self.types
     }
     fn max_ctx(&self) -> usize {
         self.max_ctx
@@ -414,7 +528,7 @@ impl KvStore for SpecKv {
     }
     /// The bytes of the rows held (not of the vectors' spare capacity).
     fn bytes(&self) -> usize {
-        2 * self.geometry.n_layers * self.len * self.kv_dim * 4
+        self.geometry.n_layers * self.len * position_bytes(self.kv_dim, self.types)
     }
     fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
         self.check_layer(layer)?;
@@ -427,19 +541,13 @@ impl KvStore for SpecKv {
             Some(p) if p.layers[layer].is_some() => (p.at + p.n, self.lo[layer].min(p.at)),
             _ => (self.len, self.lo[layer]),
         };
-        let span = lo * self.kv_dim..rows * self.kv_dim;
+        let (ku, vu) = self.units();
+        let (kh, vh) = (d / self.types.0.block(), d / self.types.1.block());
         let (k, v) = (
-            ArrayView3::from_shape((rows - lo, h, d), &k[span.clone()]),
-            ArrayView3::from_shape((rows - lo, h, d), &v[span]),
+            k.view(lo * ku..rows * ku, rows - lo, h, kh),
+            v.view(lo * vu..rows * vu, rows - lo, h, vh),
         );
-        let (Ok(k), Ok(v)) = (k, v) else {
-            unreachable!("rows · kv_dim floats")
-        };
-        KvView::new(
-            h,
-            d,
-            vec![KvSegment::new(lo, KvRows::F32(k), KvRows::F32(v))?],
-        )
+        KvView::new(h, d, vec![KvSegment::new(lo, k, v)?])
     }
     fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
         check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
@@ -463,19 +571,25 @@ impl KvStore for SpecKv {
         };
         self.check_layer(layer)?;
         check_rows(n, self.kv_dim, &k, &v)?;
-        let keep = at * self.kv_dim;
-        let full = |old: &[f32], new: ArrayView2<'_, f32>| -> Vec<f32> {
-            old[..keep]
-                .iter()
-                .copied()
-                .chain(new.iter().copied())
-                .collect()
-        };
-        let layer_rows = (full(&self.k[layer], k), full(&self.v[layer], v));
+        let (ku, vu) = self.units();
+        let layer_rows = (
+            self.k[layer].prefix_then(at * ku, k, self.geometry.head_dim),
+            self.v[layer].prefix_then(at * vu, v, self.geometry.head_dim),
+        );
         if let Some(p) = &mut self.pending {
             p.layers[layer] = Some(layer_rows);
         }
         Ok(())
+    }
+    /// Not part of the differential runs (state files are tested end to end): the spec
+    /// refuses it.
+    fn write_stored(
+        &mut self,
+        _layer: usize,
+        _k: KvRows<'_>,
+        _v: KvRows<'_>,
+    ) -> Result<(), KvError> {
+        Err(KvError::NoAppend)
     }
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
@@ -485,7 +599,7 @@ impl KvStore for SpecKv {
             }
         }
         let p = self.pending.take().expect("checked");
-        let keep = p.at * self.kv_dim;
+        let (ku, vu) = self.units();
         let end = p.at + p.n;
         for (layer, w) in self.windows.iter().enumerate() {
             if let Some(w) = w {
@@ -496,8 +610,8 @@ impl KvStore for SpecKv {
             match rows {
                 Some((k, v)) => (self.k[layer], self.v[layer]) = (k, v),
                 None => {
-                    self.k[layer].truncate(keep);
-                    self.v[layer].truncate(keep);
+                    self.k[layer].truncate(p.at * ku);
+                    self.v[layer].truncate(p.at * vu);
                 }
             }
         }
@@ -514,8 +628,12 @@ impl KvStore for SpecKv {
         for lo in &mut self.lo {
             *lo = (*lo).min(self.len);
         }
-        for rows in self.k.iter_mut().chain(&mut self.v) {
-            rows.truncate(self.len * self.kv_dim);
+        let (ku, vu) = self.units();
+        for rows in &mut self.k {
+            rows.truncate(self.len * ku);
+        }
+        for rows in &mut self.v {
+            rows.truncate(self.len * vu);
         }
         Ok(())
     }
@@ -602,58 +720,74 @@ struct Snapshot {
     layers: Vec<LayerBits>,
 }
 
-type LayerBits = (Vec<usize>, Vec<u32>, Vec<u32>);
+/// Positions, then the stored bytes of K and of V in view order.
+type LayerBits = (Vec<usize>, Vec<u8>, Vec<u8>);
+
+/// The bytes of K and V rows for one position of `kv_dim` values.
+fn position_bytes(kv_dim: usize, types: (KvType, KvType)) -> usize {
+    let row = |t: KvType| t.row_bytes(kv_dim).expect("a geometry the stores accept");
+    row(types.0) + row(types.1)
+}
+
+/// Every stored byte of `rows`, in logical order.
+fn rows_bytes(rows: KvRows<'_>) -> Vec<u8> {
+    fn of<T: bytemuck::Pod>(a: ArrayView3<'_, T>) -> Vec<u8> {
+        a.iter()
+            .flat_map(|x| bytemuck::bytes_of(x).to_vec())
+            .collect()
+    }
+    match rows {
+        KvRows::F32(a) => of(a),
+        KvRows::F16(a) => of(a),
+        KvRows::BF16(a) => of(a),
+        KvRows::Q8_0(a) => of(a),
+        other => panic!("no byte view of {} rows", other.kv_type()),
+    }
+}
 
 fn layer_bits(kv: &dyn KvStore, layer: usize) -> Result<LayerBits, String> {
     let view = kv
         .view(layer)
         .map_err(|e| format!("view({layer}) failed: {e}"))?;
     let positions: Vec<usize> = view.positions().collect();
-    let bits = |r: KvRows<'_>| match r {
-        KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
-        other => panic!(
-            "the f32 stores hand out f32 rows, got {:?}",
-            other.kv_type()
-        ),
-    };
     let (mut k, mut v) = (Vec::new(), Vec::new());
     for s in view.segments() {
-        k.extend(bits(s.keys()));
-        v.extend(bits(s.values()));
+        k.extend(rows_bytes(s.keys()));
+        v.extend(rows_bytes(s.values()));
     }
     Ok((positions, k, v))
 }
 
-/// The bits of a view's keys (or values), in view order.
-fn view_bits<'v>(view: &'v KvView<'_>, keys: bool) -> impl Iterator<Item = u32> + 'v {
-    view.segments().iter().flat_map(move |s| {
-        let rows = if keys { s.keys() } else { s.values() };
-        match rows {
-            KvRows::F32(a) => a.into_iter().map(|x| x.to_bits()),
-            other => panic!(
-                "the f32 stores hand out f32 rows, got {:?}",
-                other.kv_type()
-            ),
-        }
-    })
+/// The stored bytes of a view's keys (or values), in view order.
+fn view_bytes(view: &KvView<'_>, keys: bool) -> Vec<u8> {
+    view.segments()
+        .iter()
+        .flat_map(|s| rows_bytes(if keys { s.keys() } else { s.values() }))
+        .collect()
 }
 
-/// A one-segment view's keys (or values) as one contiguous run of bits, if it is one.
-fn contiguous_bits<'v>(view: &KvView<'v>, keys: bool) -> Option<&'v [u32]> {
+/// A one-segment view's keys (or values) as one contiguous run of bytes, if it is one.
+fn contiguous_bytes<'v>(view: &KvView<'v>, keys: bool) -> Option<&'v [u8]> {
+    fn of<'v, T: bytemuck::Pod>(a: ArrayView3<'v, T>) -> Option<&'v [u8]> {
+        a.to_slice().map(bytemuck::cast_slice)
+    }
     match view.segments() {
         [s] => match if keys { s.keys() } else { s.values() } {
-            KvRows::F32(a) => a.to_slice().map(bytemuck::cast_slice),
+            KvRows::F32(a) => of(a),
+            KvRows::F16(a) => of(a),
+            KvRows::BF16(a) => of(a),
+            KvRows::Q8_0(a) => of(a),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// Whether the keys (or values) of two views hold the same bits.
+/// Whether the keys (or values) of two views hold the same bytes.
 fn same_bits(a: &KvView<'_>, b: &KvView<'_>, keys: bool) -> bool {
-    match (contiguous_bits(a, keys), contiguous_bits(b, keys)) {
+    match (contiguous_bytes(a, keys), contiguous_bytes(b, keys)) {
         (Some(x), Some(y)) => x == y,
-        _ => view_bits(a, keys).eq(view_bits(b, keys)),
+        _ => view_bytes(a, keys) == view_bytes(b, keys),
     }
 }
 
@@ -662,17 +796,19 @@ fn layer_bits_from(kv: &dyn KvStore, layer: usize, from: usize) -> Result<LayerB
     let (positions, k, v) = layer_bits(kv, layer)?;
     let skip = positions.iter().take_while(|&&p| p < from).count();
     let d = kv.geometry().kv_dim();
+    let (kt, vt) = kv.kv_types();
+    let row = |t: KvType| t.row_bytes(d).expect("a geometry the stores accept");
     Ok((
         positions[skip..].to_vec(),
-        k[skip * d..].to_vec(),
-        v[skip * d..].to_vec(),
+        k[skip * row(kt)..].to_vec(),
+        v[skip * row(vt)..].to_vec(),
     ))
 }
 
 /// The divergence message of a layer that differs from the spec's.
 fn differs(layer: usize, name: &str, got: &LayerBits, want: &LayerBits) -> String {
     format!(
-        "layer {layer}: {name} holds positions {:?} with K {:08x?} V {:08x?}, the spec {:?} with K {:08x?} V {:08x?}",
+        "layer {layer}: {name} holds positions {:?} with K {:02x?} V {:02x?}, the spec {:?} with K {:02x?} V {:02x?}",
         got.0, got.1, got.2, want.0, want.1, want.2
     )
 }
@@ -819,10 +955,11 @@ fn rows(n: usize, kv_dim: usize, extra: usize, layer: usize, bits: &[u32], v: bo
 /// # Errors
 /// The first [`Divergence`].
 pub fn run(scenario: &Scenario) -> Result<(), Divergence> {
+    let types = scenario.types;
     run_against(scenario, |g, max_ctx, initial, gate| {
         let mut kv = match initial {
-            None => GrowKv::new(g, max_ctx),
-            Some(initial) => GrowKv::with_initial_capacity(g, max_ctx, initial),
+            None => GrowKv::with_types(g, max_ctx, types),
+            Some(initial) => GrowKv::with_capacity_and_types(g, max_ctx, initial, types),
         }?;
         kv.set_alloc_gate(Some(gate));
         Ok(kv)
@@ -844,8 +981,10 @@ fn run_against<G: KvStore>(
     let grow_gate = Arc::new(RefuseNext::default());
     let window_gate = Arc::new(RefuseNext::default());
     let built = build(g, max_ctx, scenario.initial, grow_gate.clone());
-    let window = WindowKv::new(g, max_ctx, &windows);
-    let (mut dense, grow, mut window) = match (DenseKv::new(g, max_ctx), built, window) {
+    let types = scenario.types;
+    let window = WindowKv::with_types(g, max_ctx, &windows, types);
+    let dense = DenseKv::with_types(g, max_ctx, types);
+    let (mut dense, grow, mut window) = match (dense, built, window) {
         (Ok(d), Ok(gr), Ok(w)) => (d, gr, w),
         (Err(a), Err(b), Err(c)) if a == b && b == c => return Ok(()),
         (a, b, c) => {
@@ -860,7 +999,7 @@ fn run_against<G: KvStore>(
     dense.set_alloc_gate(Some(dense_gate.clone()));
     window.set_alloc_gate(Some(window_gate.clone()));
     let mut seqs = vec![Seq {
-        spec: SpecKv::with_windows(g, max_ctx, &windows),
+        spec: SpecKv::with_types(g, max_ctx, &windows, types),
         dense,
         grow,
         window,
@@ -1084,7 +1223,8 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
         ));
     }
     let g = spec.geometry();
-    let footprint = |cap: usize| 2 * g.n_layers * cap * g.kv_dim() * 4;
+    let per_position = position_bytes(g.kv_dim(), spec.kv_types());
+    let footprint = |cap: usize| g.n_layers * cap * per_position;
     if dense.capacity() != dense.max_ctx() || dense.bytes() != footprint(dense.max_ctx()) {
         return Err(format!(
             "DenseKv capacity {} bytes {}, expected {} and {}",
@@ -1132,11 +1272,11 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
         }
         slots += cap;
     }
-    if window.bytes() != 2 * slots * g.kv_dim() * 4 || window.bytes() > dense.bytes() {
+    if window.bytes() != slots * per_position || window.bytes() > dense.bytes() {
         return Err(format!(
             "WindowKv bytes {} for {slots} slots: expected {}, at most DenseKv's {}",
             window.bytes(),
-            2 * slots * g.kv_dim() * 4,
+            slots * per_position,
             dense.bytes()
         ));
     }
@@ -1195,6 +1335,14 @@ mod tests {
             };
             self.inner.write(layer, fix(k).view(), fix(v).view())
         }
+        fn write_stored(
+            &mut self,
+            layer: usize,
+            k: KvRows<'_>,
+            v: KvRows<'_>,
+        ) -> Result<(), KvError> {
+            self.inner.write_stored(layer, k, v)
+        }
         fn commit(&mut self) -> Result<(), KvError> {
             self.inner.commit()
         }
@@ -1231,6 +1379,7 @@ mod tests {
             initial: None,
             ops,
             windows: Vec::new(),
+            types: (KvType::F32, KvType::F32),
         }
     }
 

@@ -25,7 +25,7 @@ pub struct SessionSnapshot {
     /// [`KvStore::bytes`].
     pub bytes: usize,
     /// [`rows`] of the store.
-    pub rows: Vec<Vec<u32>>,
+    pub rows: Vec<Vec<u8>>,
 }
 
 /// A [`SessionSnapshot`] of `s`.
@@ -39,12 +39,13 @@ pub fn snapshot<K: KvStore>(s: &Session<K>) -> SessionSnapshot {
     }
 }
 
-/// Per layer, the bits of every key row and then of every value row the layer's view
-/// holds, segment by segment.
+/// Per layer, the stored bytes of every key row and then of every value row the layer's
+/// view holds, segment by segment (native byte order: the file's on little-endian
+/// machines).
 ///
 /// # Panics
 /// On an element type this helper does not know yet.
-pub fn rows<K: KvStore + ?Sized>(kv: &K) -> Vec<Vec<u32>> {
+pub fn rows<K: KvStore + ?Sized>(kv: &K) -> Vec<Vec<u8>> {
     (0..kv.geometry().n_layers)
         .map(|layer| {
             let view = kv.view(layer).expect("a layer of the store");
@@ -52,7 +53,14 @@ pub fn rows<K: KvStore + ?Sized>(kv: &K) -> Vec<Vec<u32>> {
             for part in [0, 1] {
                 for s in view.segments() {
                     match if part == 0 { s.keys() } else { s.values() } {
-                        KvRows::F32(a) => bits.extend(a.iter().map(|v| v.to_bits())),
+                        KvRows::F32(a) => a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v))),
+                        KvRows::F16(a) => a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v))),
+                        KvRows::BF16(a) => {
+                            a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v)))
+                        }
+                        KvRows::Q8_0(a) => {
+                            a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v)))
+                        }
                         other => panic!("rows of type {} are not handled", other.kv_type()),
                     }
                 }

@@ -18,7 +18,7 @@
 
 use crate::matmul::dot;
 use kvcore::backend::{AttnParams, ShapeError};
-use kvcore::kv::KvView;
+use kvcore::kv::{KvRows, KvType, KvView, hadamard, rotation_len};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
 /// The maximum of a softmax row, or `None` once the row's outcome is settled without
@@ -53,17 +53,36 @@ pub(crate) fn softmax(x: &mut [f32]) {
     }
 }
 
-/// The `[head_dim]` row of slot `t`, KV head `kvh`, of an f32 run (contiguous last axis,
-/// checked by the caller).
-fn head_row<'a>(rows: ArrayView3<'a, f32>, t: usize, kvh: usize) -> &'a [f32] {
-    rows.index_axis_move(Axis(0), t)
-        .index_axis_move(Axis(0), kvh)
-        .to_slice()
-        .expect("the last axis is contiguous (checked)")
+/// The `[head_dim]` row of slot `t`, KV head `kvh`, as f32: an f32 row itself, any other
+/// type decoded into `tmp` by the reference dequantiser (one row, never a layer). The last
+/// axis is contiguous (checked by the caller).
+fn head_row<'a: 'b, 'b>(
+    rows: KvRows<'a>,
+    t: usize,
+    kvh: usize,
+    tmp: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    if let KvRows::F32(a) = rows {
+        return a
+            .index_axis_move(Axis(0), t)
+            .index_axis_move(Axis(0), kvh)
+            .to_slice()
+            .expect("the last axis is contiguous (checked)");
+    }
+    let bytes = rows
+        .head_bytes(t, kvh)
+        .expect("the last axis is contiguous (checked)");
+    tmp.resize(rows.dim().2, 0.0);
+    crate::quant::dequantize(rows.kv_type().dtype(), bytes, tmp);
+    tmp
 }
 
-/// One layer's attention; shapes checked by the caller. Only f32 rows: other element
-/// types are [`ShapeError::UnsupportedKv`], checked before any output is written.
+/// One layer's attention; shapes checked by the caller. Rows of every [`KvType`] are read
+/// in place: each key and value row is decoded (`quant::dequantize`, exactly as a weight
+/// row of the same format) just before its dot product or its weighted add. `q8_0` rows
+/// hold rotated heads (`kvcore::kv::hadamard`): with `q8_0` keys each query head is
+/// rotated the same way and divided by the rotation length (exact) before its dot products; with `q8_0`
+/// values each output head is rotated back after its weighted sum.
 pub(crate) fn attention(
     q: ArrayView3<'_, f32>,
     q_pos: &[usize],
@@ -71,41 +90,70 @@ pub(crate) fn attention(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
-    let runs = kv
-        .f32_segments()
-        .map_err(|kv_type| ShapeError::UnsupportedKv {
-            what: "scalar attention",
-            kv_type,
-        })?;
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
-    let mut scores = Vec::new();
+    let (k_rot, v_rot) = rotations(kv);
+    let (mut scores, mut tmp, mut qrot) = (Vec::new(), Vec::new(), Vec::new());
     for (i, &pos) in q_pos.iter().enumerate() {
         for h in 0..n_heads {
             let qh = q.index_axis_move(Axis(0), i).index_axis_move(Axis(0), h);
-            let qh = qh
+            let mut qh = qh
                 .to_slice()
                 .expect("the last axis is contiguous (checked)");
+            if k_rot {
+                qh = rotate(qh, &mut qrot);
+            }
             let kvh = h / group;
             scores.clear();
-            for run in &runs {
-                for t in run.segment.visible(pos, params.mask) {
-                    scores.push(params.scale * dot(qh, head_row(run.keys, t, kvh)));
+            for seg in kv.segments() {
+                for t in seg.visible(pos, params.mask) {
+                    let k = head_row(seg.keys(), t, kvh, &mut tmp);
+                    scores.push(params.scale * dot(qh, k));
                 }
             }
             softmax(&mut scores);
             let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
             o.fill(0.0);
             let mut p = scores.iter();
-            for run in &runs {
-                for t in run.segment.visible(pos, params.mask) {
+            for seg in kv.segments() {
+                for t in seg.visible(pos, params.mask) {
                     let pt = *p.next().expect("one score per visible slot");
-                    for (oj, &vj) in o.iter_mut().zip(head_row(run.values, t, kvh)) {
+                    for (oj, &vj) in o.iter_mut().zip(head_row(seg.values(), t, kvh, &mut tmp)) {
                         *oj += pt * vj;
                     }
                 }
             }
+            if v_rot {
+                let o = o
+                    .as_slice_mut()
+                    .expect("the last axis is contiguous (checked)");
+                unrotate(o);
+            }
         }
     }
     Ok(())
+}
+
+/// Whether the view's keys and values hold rotated (`q8_0`) blocks.
+pub fn rotations(kv: &KvView<'_>) -> (bool, bool) {
+    let (k, v) = kv.kv_types().unwrap_or((KvType::F32, KvType::F32));
+    (k == KvType::Q8_0, v == KvType::Q8_0)
+}
+
+/// `H q / n` (`n` = [`rotation_len`] of the head, an exact division), in `buf`: a query
+/// head matched to rotated keys.
+pub fn rotate<'b>(q: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
+    buf.clear();
+    buf.extend_from_slice(q);
+    unrotate(buf);
+    buf
+}
+
+/// `o ← H o / n` (`n` = [`rotation_len`] of the head): a weighted sum of rotated values
+/// rotated back (the transform is its own inverse up to `n`).
+pub fn unrotate(o: &mut [f32]) {
+    let n = rotation_len(o.len());
+    hadamard(o, n);
+    let inv = 1.0 / n as f32;
+    o.iter_mut().for_each(|x| *x *= inv);
 }

@@ -21,7 +21,7 @@
 use crate::kernel::Kernel;
 use crate::sgemm::{Gemm, sgemm};
 use kvcore::backend::{AttnParams, DType, Q8Acts, QK, ShapeError, Weights};
-use kvcore::kv::KvView;
+use kvcore::kv::{KvRows, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
@@ -184,7 +184,7 @@ fn head_rows<'a>(
     rows: ArrayView3<'a, f32>,
     slots: Range<usize>,
     kvh: usize,
-) -> impl Iterator<Item = &'a [f32]> {
+) -> impl Iterator<Item = &'a [f32]> + Clone {
     let head = rows.slice_move(s![slots, kvh, ..]); // [slots, head_dim]
     (0..head.nrows()).map(move |t| {
         head.index_axis_move(Axis(0), t)
@@ -207,6 +207,40 @@ thread_local! {
     /// The scores of one query row's KV group, `[group, visible slots]`: reused by every
     /// call on this thread, so a decode step allocates nothing once it has run.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+
+    /// One block of key or value rows of a KV head decoded to f32, `[ATTN_BLOCK,
+    /// head_dim]`, for rows stored in another type: reused like `SCORES`.
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The `[head_dim]` f32 rows of KV head `kvh` at `slots` of `rows`: an f32 run's own
+/// rows, or for another type the rows decoded by the family's dequantiser (bit for bit
+/// the scalar reference's) into `scratch`, one block, never a layer. The last axis is
+/// contiguous (checked by the caller).
+fn block_rows<'r: 'a, 'a, K: Kernel>(
+    k: K,
+    rows: KvRows<'r>,
+    slots: Range<usize>,
+    kvh: usize,
+    scratch: &'a mut Vec<f32>,
+) -> impl Iterator<Item = &'a [f32]> + Clone + use<'a, K> {
+    let (view, slots, kvh): (ArrayView3<'a, f32>, _, _) = match rows {
+        KvRows::F32(a) => (a.reborrow(), slots, kvh),
+        other => {
+            let (n, hd, dtype) = (slots.len(), other.dim().2, other.kv_type().dtype());
+            scratch.resize(n * hd, 0.0);
+            for (t, out) in slots.zip(scratch.chunks_exact_mut(hd.max(1))) {
+                let bytes = other
+                    .head_bytes(t, kvh)
+                    .expect("the last axis is contiguous (checked)");
+                k.dequantize(dtype, bytes, out);
+            }
+            let decoded = ArrayView3::from_shape((n, 1, hd), &scratch[..n * hd])
+                .expect("the scratch holds n · head_dim values");
+            (decoded, 0..n, 0)
+        }
+    };
+    head_rows(view, slots, kvh)
 }
 
 /// The visible slots of a view for one query position, cut into blocks of at most
@@ -241,52 +275,76 @@ pub(crate) fn attention<K: Kernel>(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
-    let runs = kv
-        .f32_segments()
-        .map_err(|kv_type| ShapeError::UnsupportedKv {
-            what: "simd attention",
-            kv_type,
-        })?;
+    let segs = kv.segments();
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
+    let (k_rot, v_rot) = kvcore_scalar::rotations(kv);
+    let mut qrot = Vec::new(); // [group][head_dim] rotated query heads (q8_0 keys)
     SCORES.with_borrow_mut(|scores| {
-        for (i, &pos) in q_pos.iter().enumerate() {
-            let visible: Vec<Range<usize>> = (runs.iter())
-                .map(|run| run.segment.visible(pos, params.mask))
-                .collect();
-            let total: usize = visible.iter().map(Range::len).sum();
-            scores.clear();
-            scores.resize(group * total, 0.0);
-            for kvh in 0..kv.n_kv_heads() {
-                let heads = kvh * group..(kvh + 1) * group;
-                for (seg, slots, at) in blocks(&visible) {
-                    for (g, h) in heads.clone().enumerate() {
-                        let qh = q.slice(s![i, h, ..]);
-                        let qh = qh
-                            .as_slice()
-                            .expect("the last axis is contiguous (checked)");
-                        let dst = &mut scores[g * total + at..][..slots.len()];
-                        let keys = head_rows(runs[seg].keys, slots.clone(), kvh);
-                        k.scores(qh, keys, params.scale, dst);
+        DECODED.with_borrow_mut(|scratch| {
+            for (i, &pos) in q_pos.iter().enumerate() {
+                let visible: Vec<Range<usize>> = (segs.iter())
+                    .map(|seg| seg.visible(pos, params.mask))
+                    .collect();
+                let total: usize = visible.iter().map(Range::len).sum();
+                scores.clear();
+                scores.resize(group * total, 0.0);
+                for kvh in 0..kv.n_kv_heads() {
+                    let heads = kvh * group..(kvh + 1) * group;
+                    if k_rot {
+                        qrot.clear();
+                        let mut buf = Vec::new();
+                        for h in heads.clone() {
+                            let qh = q.slice(s![i, h, ..]);
+                            let qh = qh
+                                .as_slice()
+                                .expect("the last axis is contiguous (checked)");
+                            qrot.extend_from_slice(kvcore_scalar::rotate(qh, &mut buf));
+                        }
                     }
-                }
-                for g in 0..group {
-                    k.softmax(&mut scores[g * total..(g + 1) * total]);
-                    out.slice_mut(s![i, kvh * group + g, ..]).fill(0.0);
-                }
-                for (seg, slots, at) in blocks(&visible) {
-                    for (g, h) in heads.clone().enumerate() {
-                        let p = &scores[g * total + at..][..slots.len()];
-                        let mut oh = out.slice_mut(s![i, h, ..]);
-                        let oh = oh
-                            .as_slice_mut()
-                            .expect("the last axis is contiguous (checked)");
-                        let values = head_rows(runs[seg].values, slots.clone(), kvh);
-                        k.weighted_sum(p, values, oh);
+                    for (seg, slots, at) in blocks(&visible) {
+                        let n = slots.len();
+                        let keys = block_rows(k, segs[seg].keys(), slots, kvh, scratch);
+                        for (g, h) in heads.clone().enumerate() {
+                            let qh = q.slice(s![i, h, ..]);
+                            let qh = match k_rot {
+                                true => &qrot[g * qh.len()..(g + 1) * qh.len()],
+                                false => qh
+                                    .to_slice()
+                                    .expect("the last axis is contiguous (checked)"),
+                            };
+                            let dst = &mut scores[g * total + at..][..n];
+                            k.scores(qh, keys.clone(), params.scale, dst);
+                        }
+                    }
+                    for g in 0..group {
+                        k.softmax(&mut scores[g * total..(g + 1) * total]);
+                        out.slice_mut(s![i, kvh * group + g, ..]).fill(0.0);
+                    }
+                    for (seg, slots, at) in blocks(&visible) {
+                        let n = slots.len();
+                        let values = block_rows(k, segs[seg].values(), slots, kvh, scratch);
+                        for (g, h) in heads.clone().enumerate() {
+                            let p = &scores[g * total + at..][..n];
+                            let mut oh = out.slice_mut(s![i, h, ..]);
+                            let oh = oh
+                                .as_slice_mut()
+                                .expect("the last axis is contiguous (checked)");
+                            k.weighted_sum(p, values.clone(), oh);
+                        }
+                    }
+                    if v_rot {
+                        for h in heads.clone() {
+                            let mut oh = out.slice_mut(s![i, h, ..]);
+                            let oh = oh
+                                .as_slice_mut()
+                                .expect("the last axis is contiguous (checked)");
+                            kvcore_scalar::unrotate(oh);
+                        }
                     }
                 }
             }
-        }
+        })
     });
     Ok(())
 }

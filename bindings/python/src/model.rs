@@ -206,7 +206,10 @@ impl Model {
             backend: backend.parse::<BackendChoice>().map_err(invalid)?,
             threads: threads.map(|n| count("threads", n)).transpose()?,
             activations: parse_activations(&activations).map_err(invalid)?,
-            kv_type: parse_kv_type(&kv_type).map_err(invalid)?,
+            kv_types: {
+                let t = parse_kv_type(&kv_type).map_err(invalid)?;
+                (t, t)
+            },
             kv: kv.parse::<KvChoice>().map_err(invalid)?,
         };
         let engine = py

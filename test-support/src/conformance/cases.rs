@@ -4,9 +4,12 @@
 //! kvcore's own tests `scalar_reference.rs` (scalar against the oracle) and
 //! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
 
+use half::{bf16, f16};
 use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle};
-use kvcore::kv::{KvRows, KvSegment, KvView};
-use kvcore::ndarray::{Array3, Axis, Slice};
+use kvcore::kv::{
+    BlockQ8_0, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK, encode_q8_0, rotation_len,
+};
+use kvcore::ndarray::Array3;
 
 use super::inputs::{Matrix, Rng};
 use super::oracle::{self, Bounded};
@@ -269,6 +272,9 @@ pub struct Attention {
     pub n_keys: usize,
     /// Where the rows are cut into segments (ascending slot indices in `1..n_keys`).
     pub cuts: Vec<usize>,
+    /// The element types the keys and values are stored in (f32 unless
+    /// [`with_kv_types`](Attention::with_kv_types)).
+    pub kv_types: (KvType, KvType),
     /// Mask and scale.
     pub params: AttnParams,
 }
@@ -287,6 +293,7 @@ impl Attention {
             values: rng.values(n_keys * kv_dim),
             n_keys,
             cuts: Vec::new(),
+            kv_types: (KvType::F32, KvType::F32),
             params: AttnParams::causal(shape.head_dim),
         }
     }
@@ -317,6 +324,14 @@ impl Attention {
         self
     }
 
+    /// The same case with keys stored as `types.0` and values as `types.1` (each row
+    /// encoded on its own, as a store does; the oracle sees the decoded values).
+    /// `head_dim` must be a whole number of the types' blocks.
+    pub fn with_kv_types(mut self, types: (KvType, KvType)) -> Self {
+        self.kv_types = types;
+        self
+    }
+
     /// The same case under `mask`.
     pub fn with_mask(mut self, mask: Mask) -> Self {
         self.params.mask = mask;
@@ -332,18 +347,18 @@ impl Attention {
     }
 
     /// The rows as a view of segments cut at `cuts`.
-    pub fn view<'a>(&self, keys: &'a Array3<f32>, values: &'a Array3<f32>) -> KvView<'a> {
+    pub fn view<'a>(&self, keys: &'a Encoded, values: &'a Encoded) -> KvView<'a> {
         let mut bounds = vec![0];
         bounds.extend(self.cuts.iter().copied());
         bounds.push(self.n_keys);
         let segments = bounds
             .windows(2)
             .map(|w| {
-                let slots = Slice::from(w[0]..w[1]);
+                let slots = w[0]..w[1];
                 KvSegment::new(
                     w[0],
-                    KvRows::F32(keys.slice_axis(Axis(0), slots)),
-                    KvRows::F32(values.slice_axis(Axis(0), slots)),
+                    keys.rows().slots(slots.clone()),
+                    values.rows().slots(slots),
                 )
                 .expect("same shapes")
             })
@@ -351,25 +366,119 @@ impl Attention {
         KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending")
     }
 
-    /// The keys and values as arrays `[n_keys, n_kv_heads, head_dim]`.
-    pub fn arrays(&self) -> (Array3<f32>, Array3<f32>) {
+    /// The keys and values as stored, `[n_keys, n_kv_heads, head_dim]` in their types.
+    pub fn arrays(&self) -> (Encoded, Encoded) {
         let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);
         (
-            Array3::from_shape_vec(dims, self.keys.clone()).expect("n_keys rows"),
-            Array3::from_shape_vec(dims, self.values.clone()).expect("n_keys rows"),
+            Encoded::new(self.kv_types.0, &self.keys, dims),
+            Encoded::new(self.kv_types.1, &self.values, dims),
         )
+    }
+}
+
+/// `H y / n` of one rotated head `y` (`n` = `kvcore::kv::rotation_len`), in f64 and
+/// rounded once: the values a rotated `q8_0` head stands for (`kvcore::kv::hadamard`),
+/// computed independently of the kernels' f32 butterflies.
+fn unrotate_f64(y: &[f32]) -> Vec<f32> {
+    let n = rotation_len(y.len());
+    y.chunks_exact(n)
+        .flat_map(|run| {
+            (0..n).map(move |i| {
+                let sum: f64 = (0..n)
+                    .map(|j| {
+                        // Sylvester's H: entry (i, j) is (−1)^popcount(i & j).
+                        let sign = if (i & j).count_ones() % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        };
+                        sign * f64::from(run[j])
+                    })
+                    .sum();
+                (sum / n as f64) as f32
+            })
+        })
+        .collect()
+}
+
+/// Rows `[n, h, d]` in one KV element type, each encoded on its own (`half`'s
+/// conversions, `kvcore::kv::encode_q8_0`).
+pub enum Encoded {
+    /// f32 rows.
+    F32(Array3<f32>),
+    /// f16 rows.
+    F16(Array3<f16>),
+    /// bf16 rows.
+    BF16(Array3<bf16>),
+    /// q8_0 blocks, `[n, h, d / 32]`.
+    Q8_0(Array3<BlockQ8_0>),
+}
+
+impl Encoded {
+    /// `x: [n · h · d]` encoded in `ty`.
+    pub fn new(ty: KvType, x: &[f32], (n, h, d): (usize, usize, usize)) -> Encoded {
+        let err = "n · h · d values";
+        match ty {
+            KvType::F16 => Encoded::F16(
+                Array3::from_shape_vec((n, h, d), x.iter().map(|&v| f16::from_f32(v)).collect())
+                    .expect(err),
+            ),
+            KvType::BF16 => Encoded::BF16(
+                Array3::from_shape_vec((n, h, d), x.iter().map(|&v| bf16::from_f32(v)).collect())
+                    .expect(err),
+            ),
+            KvType::Q8_0 => Encoded::Q8_0(
+                Array3::from_shape_vec((n, h, d / Q8_0_BLOCK), encode_q8_0(x, d)).expect(err),
+            ),
+            _ => Encoded::F32(Array3::from_shape_vec((n, h, d), x.to_vec()).expect(err)),
+        }
+    }
+
+    /// The rows as a store hands them out.
+    pub fn rows(&self) -> KvRows<'_> {
+        match self {
+            Encoded::F32(a) => KvRows::F32(a.view()),
+            Encoded::F16(a) => KvRows::F16(a.view()),
+            Encoded::BF16(a) => KvRows::BF16(a.view()),
+            Encoded::Q8_0(a) => KvRows::Q8_0(a.view()),
+        }
+    }
+
+    /// The values the rows hold, decoded (`f32(d) · q` for q8_0), row-major.
+    pub fn decoded(&self) -> Vec<f32> {
+        match self {
+            Encoded::F32(a) => a.iter().copied().collect(),
+            Encoded::F16(a) => a.iter().map(|v| v.to_f32()).collect(),
+            Encoded::BF16(a) => a.iter().map(|v| v.to_f32()).collect(),
+            // The stored values are of rotated heads (`H x`): rotated back, in f64.
+            Encoded::Q8_0(a) => {
+                let blocks = a.dim().2;
+                let y: Vec<f32> = a
+                    .iter()
+                    .flat_map(|b| {
+                        let mut y = [0f32; Q8_0_BLOCK];
+                        b.decode(&mut y);
+                        y
+                    })
+                    .collect();
+                y.chunks_exact(blocks * Q8_0_BLOCK)
+                    .flat_map(unrotate_f64)
+                    .collect()
+            }
+        }
     }
 }
 
 impl Case for Attention {
     fn label(&self) -> String {
         format!(
-            "attention {:?} n_new {} n_keys {} cuts {:?} {:?}",
+            "attention {:?} n_new {} n_keys {} cuts {:?} {:?} kv {:?}",
             self.shape,
             self.n_new(),
             self.n_keys,
             self.cuts,
-            self.params
+            self.params,
+            self.kv_types
         )
     }
     fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
@@ -393,6 +502,8 @@ impl Case for Attention {
         let kv_dim = s.n_kv_heads * s.head_dim;
         let group = s.n_heads / s.n_kv_heads;
         let q_pos = self.q_pos();
+        let (keys, values) = self.arrays();
+        let (keys, values) = (keys.decoded(), values.decoded());
         self.q
             .chunks_exact(s.head_dim)
             .enumerate()
@@ -409,8 +520,8 @@ impl Case for Attention {
                 };
                 oracle::attend_head(
                     qh,
-                    &head(&self.keys),
-                    &head(&self.values),
+                    &head(&keys),
+                    &head(&values),
                     seen.len(),
                     kv_dim,
                     h / group,

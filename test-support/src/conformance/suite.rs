@@ -337,6 +337,28 @@ macro_rules! conformance_suite {
                     conforms(b(), &case)?;
                 }
 
+                /// Keys and values stored as f16, bf16 or q8_0 (chosen separately), read
+                /// in place: within the f32 tolerance of attention over the decoded
+                /// values, at SmolLM2's and Gemma 3's head sizes.
+                #[test]
+                fn attention_kv_types(
+                    head_dim in prop::sample::select(vec![32usize, 64, 256]), n_kv in 1usize..3,
+                    group in 1usize..4, pos0 in 0usize..90, n_new in 1usize..4,
+                    cuts in prop::collection::vec(0usize..96, 0..3),
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    window in prop::option::of(1usize..40), seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let mut case = Attention::new(shape, n_new, 1, seed)
+                        .with_cuts(&cuts)
+                        .with_kv_types((k, v));
+                    if let Some(window) = window {
+                        case = case.with_mask(Mask::SlidingWindow { window });
+                    }
+                    conforms(b(), &case)?;
+                }
+
                 /// How a store cuts its rows into segments never changes the bits.
                 #[test]
                 fn attention_segments_do_not_change_bits(

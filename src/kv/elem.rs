@@ -1,0 +1,282 @@
+//! The element types a store keeps its rows in, and `Buf`, the typed row buffer every
+//! store is built from.
+//!
+//! A row is one position's keys (or values) of one layer, `kv_dim = n_kv_heads ·
+//! head_dim` values. It is stored as *units*: one element for the plain types, one
+//! 32-value block for `q8_0`. Encoding is per row, so a row's stored bytes depend on that
+//! row alone: two stores given the same rows hold the same bytes, whatever their layout
+//! or history, which is what keeps a quantized `GrowKv` bitwise equal to a quantized
+//! `DenseKv`.
+//!
+//! | type | unit | bytes per value | encoding of an f32 `x` |
+//! |------|------|----------------:|------------------------|
+//! | `f32` | `f32` | 4 | exact |
+//! | `f16` | IEEE half | 2 | round to nearest even (`half::f16::from_f32`); beyond ±65504 → ±∞ |
+//! | `bf16` | bfloat16 | 2 | round to nearest even (`half::bf16::from_f32`), NaN kept NaN |
+//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), then llama.cpp's `Q8_0` of `y` per block of 32: `d = amax/127` stored as f16, `q_j = round_ties_even(y_j / d)`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`) |
+//!
+//! A `q8_0` block stores `f32(d) · q_j ≈ (H x)_j`, decoded exactly as GGUF's `Q8_0`
+//! weights (the kernels use the same dequantisers for both); attention rotates the query
+//! (for keys) or its output (for values) to match, see [`hadamard`]. A `q8_0` block
+//! never spans two heads, so it needs `head_dim` to be a multiple of 32
+//! ([`KvError::BlockShape`]).
+
+use std::mem;
+
+use bytemuck::{Pod, Zeroable};
+use half::{bf16, f16};
+use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
+
+use super::{Gate, KvError, KvRows, KvType};
+use crate::backend::q8;
+
+/// One `q8_0` block, llama.cpp's 34-byte `block_q8_0` layout (the scale `d` as f16, then
+/// the 32 signed quants, byte for byte GGUF's `Q8_0`). In a store its values are those of
+/// a **rotated** head, `y = H x` ([`encode_q8_0`], [`hadamard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    /// The scale.
+    pub d: f16,
+    /// The quants.
+    pub qs: [i8; 32],
+}
+
+/// Values per [`BlockQ8_0`].
+pub const Q8_0_BLOCK: usize = 32;
+
+impl BlockQ8_0 {
+    /// Quantises 32 values as llama.cpp's `Q8_0` (no rotation: [`encode_q8_0`] rotates
+    /// first).
+    pub fn encode(x: &[f32]) -> BlockQ8_0 {
+        let mut qs = [0i8; 32];
+        let d = q8::quantize_block(&x[..Q8_0_BLOCK], &mut qs);
+        BlockQ8_0 {
+            d: f16::from_f32(d),
+            qs,
+        }
+    }
+
+    /// The 32 stored values `f32(d) · q_j` (in a store, of the rotated head).
+    pub fn decode(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in out.iter_mut().zip(&self.qs) {
+            *o = d * f32::from(q);
+        }
+    }
+}
+
+/// The rotation length of a `q8_0` head of `head_dim` values: the largest power of two
+/// dividing it (64 for SmolLM2, 256 for Gemma 3; at least 32, since `head_dim` is a
+/// multiple of 32).
+pub fn rotation_len(head_dim: usize) -> usize {
+    1 << head_dim.trailing_zeros().min(usize::BITS - 1)
+}
+
+/// The unnormalised Walsh–Hadamard transform of each `n`-value run of `x`, in place:
+/// `x ← H_n x` with `H_n` the ±1 Sylvester matrix (`H_n H_n = n I`), by `log₂ n` butterfly
+/// stages in f32. `n` is a power of two and `x.len()` a multiple of it.
+///
+/// Why: a `q8_0` block's scale is set by its largest magnitude, and the keys of a
+/// transformer have a few channels far larger than the rest (SmolLM2's measured mean KLD
+/// with plain q8_0 keys was 7.9e-4, four times the budget). Rotating a head spreads such
+/// a channel over all of it before the scales are chosen (the idea of QuaRot and of
+/// llama.cpp's rotated caches). The rotation is orthogonal up to the factor `n`, a power
+/// of two, so attention rotates each query head the same way and divides by `n` exactly:
+/// `(H q)·(H k) / n = q·k`; a weighted sum of rotated values is rotated back with the same
+/// transform (`H (Σ p H v) / n = Σ p v`).
+pub fn hadamard(x: &mut [f32], n: usize) {
+    for run in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (run[j], run[j + h]);
+                    run[j] = a + b;
+                    run[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+    }
+}
+
+/// One row (or any whole number of heads) of `head_dim`-value heads as stored in `q8_0`:
+/// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
+/// by block ([`BlockQ8_0::encode`]).
+pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
+    let mut y = x.to_vec();
+    hadamard(&mut y, rotation_len(head_dim));
+    y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect()
+}
+
+/// Rows of one element type, `[rows][units per row]`, with the typed storage behind it.
+pub(super) struct Buf {
+    /// Units per row.
+    units: usize,
+    data: Data,
+}
+
+enum Data {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+/// A zero-filled vector of exactly `len` units, through `gate` (consulted only when
+/// `len > 0`) and a fallible reservation: a refusal is [`KvError::AllocFailed`], never an
+/// abort.
+fn zeroed_vec<T: Pod>(gate: &Gate, len: usize) -> Result<Vec<T>, KvError> {
+    let bytes = len.saturating_mul(mem::size_of::<T>());
+    let refused = KvError::AllocFailed { bytes };
+    if len > 0 && gate.as_ref().is_some_and(|g| !g.admit(bytes)) {
+        return Err(refused);
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len).map_err(|_| refused)?;
+    buf.resize(len, T::zeroed());
+    Ok(buf)
+}
+
+/// Applies `$body` to the vector inside a `Data`, whatever its type.
+macro_rules! each {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            Data::F32($v) => $body,
+            Data::F16($v) => $body,
+            Data::BF16($v) => $body,
+            Data::Q8_0($v) => $body,
+        }
+    };
+}
+
+impl Buf {
+    /// `rows` zeroed rows of `kv_dim` values of type `ty` (`kv_dim` a multiple of 32 for
+    /// `q8_0`, checked by the store's constructor).
+    pub(super) fn zeroed(
+        ty: KvType,
+        kv_dim: usize,
+        rows: usize,
+        gate: &Gate,
+    ) -> Result<Buf, KvError> {
+        let units = ty.row_units(kv_dim);
+        // The store checked `max_ctx · row bytes` fits, and `rows ≤` that many rows.
+        let len = rows * units;
+        let data = match ty {
+            KvType::F32 => Data::F32(zeroed_vec(gate, len)?),
+            KvType::F16 => Data::F16(zeroed_vec(gate, len)?),
+            KvType::BF16 => Data::BF16(zeroed_vec(gate, len)?),
+            KvType::Q8_0 => Data::Q8_0(zeroed_vec(gate, len)?),
+        };
+        Ok(Buf { units, data })
+    }
+
+    /// The element type.
+    pub(super) fn kv_type(&self) -> KvType {
+        match self.data {
+            Data::F32(_) => KvType::F32,
+            Data::F16(_) => KvType::F16,
+            Data::BF16(_) => KvType::BF16,
+            Data::Q8_0(_) => KvType::Q8_0,
+        }
+    }
+
+    /// Rows held.
+    pub(super) fn rows(&self) -> usize {
+        let len = each!(&self.data, v => v.len());
+        len.checked_div(self.units).unwrap_or(0)
+    }
+
+    /// Bytes allocated.
+    pub(super) fn bytes(&self) -> usize {
+        each!(&self.data, v => v.capacity() * unit_size(v))
+    }
+
+    /// Copies `n` rows of `src` (the same type and row size) from row `from` to row `to`.
+    pub(super) fn copy_rows(&mut self, to: usize, src: &Buf, from: usize, n: usize) {
+        let u = self.units;
+        let (to, from, len) = (to * u, from * u, n * u);
+        match (&mut self.data, &src.data) {
+            (Data::F32(d), Data::F32(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+            (Data::F16(d), Data::F16(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+            (Data::BF16(d), Data::BF16(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+            (Data::Q8_0(d), Data::Q8_0(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+            _ => unreachable!("rows are copied between buffers of one type"),
+        }
+    }
+
+    /// Encodes `rows: [n, kv_dim]` f32 (any strides) of heads of `head_dim` into rows
+    /// `at .. at + n`.
+    pub(super) fn encode(&mut self, at: usize, rows: ArrayView2<'_, f32>, head_dim: usize) {
+        let (n, kv_dim) = rows.dim();
+        let span = at * self.units..(at + n) * self.units;
+        match &mut self.data {
+            Data::F32(d) => ArrayViewMut2::from_shape((n, kv_dim), &mut d[span])
+                .expect("the span holds n · kv_dim values")
+                .assign(&rows),
+            Data::F16(d) => {
+                for (o, &x) in d[span].iter_mut().zip(rows.iter()) {
+                    *o = f16::from_f32(x);
+                }
+            }
+            Data::BF16(d) => {
+                for (o, &x) in d[span].iter_mut().zip(rows.iter()) {
+                    *o = bf16::from_f32(x);
+                }
+            }
+            Data::Q8_0(d) => {
+                let n_rot = rotation_len(head_dim);
+                let mut y = vec![0f32; kv_dim];
+                let mut out = d[span].iter_mut();
+                for row in rows.axis_iter(Axis(0)) {
+                    y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
+                    hadamard(&mut y, n_rot);
+                    // The blocks first: `zip` must not take an output it will not fill.
+                    for (block, o) in y.chunks_exact(Q8_0_BLOCK).zip(out.by_ref()) {
+                        *o = BlockQ8_0::encode(block);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes rows already in this buffer's type, `rows: [n, n_kv_heads, units per
+    /// head]`, into rows `at .. at + n`. The caller checked the type and shape.
+    pub(super) fn assign(&mut self, at: usize, rows: KvRows<'_>) {
+        let span = at * self.units..(at + rows.len()) * self.units;
+        match (&mut self.data, rows) {
+            (Data::F32(d), KvRows::F32(r)) => fill(&mut d[span], r),
+            (Data::F16(d), KvRows::F16(r)) => fill(&mut d[span], r),
+            (Data::BF16(d), KvRows::BF16(r)) => fill(&mut d[span], r),
+            (Data::Q8_0(d), KvRows::Q8_0(r)) => fill(&mut d[span], r),
+            _ => unreachable!("the caller checked the rows' type"),
+        }
+    }
+
+    /// Rows `at .. at + n` as `[n, n_kv_heads, head_dim]` rows of this type.
+    pub(super) fn view(&self, at: usize, n: usize, n_kv_heads: usize) -> KvRows<'_> {
+        let span = at * self.units..(at + n) * self.units;
+        let per_head = self.units.checked_div(n_kv_heads).unwrap_or(0);
+        let shape = (n, n_kv_heads, per_head);
+        let err = "the span holds n · n_kv_heads · units per head";
+        match &self.data {
+            Data::F32(d) => KvRows::F32(ArrayView3::from_shape(shape, &d[span]).expect(err)),
+            Data::F16(d) => KvRows::F16(ArrayView3::from_shape(shape, &d[span]).expect(err)),
+            Data::BF16(d) => KvRows::BF16(ArrayView3::from_shape(shape, &d[span]).expect(err)),
+            Data::Q8_0(d) => KvRows::Q8_0(ArrayView3::from_shape(shape, &d[span]).expect(err)),
+        }
+    }
+}
+
+/// The size of one unit of `v`'s type.
+fn unit_size<T>(_: &[T]) -> usize {
+    mem::size_of::<T>()
+}
+
+/// Copies `rows` (any strides) into `dst`, row-major.
+fn fill<T: Copy>(dst: &mut [T], rows: ArrayView3<'_, T>) {
+    for (o, &x) in dst.iter_mut().zip(rows.iter()) {
+        *o = x;
+    }
+}
