@@ -732,9 +732,13 @@ fn position_bytes(kv_dim: usize, types: (KvType, KvType)) -> usize {
 /// Every stored byte of `rows`, in logical order.
 fn rows_bytes(rows: KvRows<'_>) -> Vec<u8> {
     fn of<T: bytemuck::Pod>(a: ArrayView3<'_, T>) -> Vec<u8> {
+        if let Some(s) = a.to_slice() {
+            return bytemuck::cast_slice(s).to_vec();
+        }
+        let mut out = Vec::with_capacity(a.len() * std::mem::size_of::<T>());
         a.iter()
-            .flat_map(|x| bytemuck::bytes_of(x).to_vec())
-            .collect()
+            .for_each(|x| out.extend_from_slice(bytemuck::bytes_of(x)));
+        out
     }
     match rows {
         KvRows::F32(a) => of(a),

@@ -169,3 +169,21 @@ def test_session_properties(model):
     long = kvcore.Session(model, ctx=1024)
     long.prefill(list(range(100, 900)))
     assert long.kv_bytes > session.kv_bytes
+
+
+def test_quantized_kv_types(model, tmp_path):
+    """A q8_0 cache holds 34/128 of the f32 bytes, generates, and its state file loads
+    only into a model of the same KV type (the file records the types)."""
+    q8 = kvcore.Model("smollm2", kv_type="q8_0")
+    ids = q8.tokenize(PROMPT)
+    a, b = kvcore.Session(model), kvcore.Session(q8)
+    la, lb = a.prefill(ids), b.prefill(ids)
+    assert b.kv_bytes * 128 == a.kv_bytes * 34
+    assert int(np.argmax(la)) == int(np.argmax(lb))
+    path = tmp_path / "q8.kvsession"
+    b.save(path)
+    loaded = kvcore.Session.load(path, q8)
+    token = int(np.argmax(lb))
+    assert np.array_equal(b.step(token), loaded.step(token))  # bitwise
+    with pytest.raises(kvcore.SessionFileError, match="q8_0"):
+        kvcore.Session.load(path, model)
