@@ -426,6 +426,27 @@ impl WindowKv {
         KvView::new(h, d, segments)
     }
 
+    /// [`KvStore::write`] and [`KvStore::write_stored`]: a global layer's rows go to the
+    /// inner store, a window layer's to its staging.
+    fn write_rows(&mut self, layer: usize, rows: Incoming<'_, '_>) -> Result<(), KvError> {
+        if self.pending.is_none() {
+            return Err(KvError::NoAppend);
+        }
+        match self.check_layer(layer)? {
+            Layer::Global(g) => {
+                match rows {
+                    Incoming::F32(k, v) => self.global.write(g, k, v)?,
+                    Incoming::Stored(k, v) => self.global.write_stored(g, k, v)?,
+                }
+                if let Some(p) = &mut self.pending {
+                    p.written[layer] = true;
+                }
+                Ok(())
+            }
+            Layer::Window(r) => self.write_ring(layer, r, rows),
+        }
+    }
+
     fn write_ring(
         &mut self,
         layer: usize,
@@ -567,35 +588,11 @@ impl KvStore for WindowKv {
         k: ArrayView2<'_, f32>,
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError> {
-        if self.pending.is_none() {
-            return Err(KvError::NoAppend);
-        }
-        match self.check_layer(layer)? {
-            Layer::Global(g) => {
-                self.global.write(g, k, v)?;
-                if let Some(p) = &mut self.pending {
-                    p.written[layer] = true;
-                }
-                Ok(())
-            }
-            Layer::Window(r) => self.write_ring(layer, r, Incoming::F32(k, v)),
-        }
+        self.write_rows(layer, Incoming::F32(k, v))
     }
 
     fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
-        if self.pending.is_none() {
-            return Err(KvError::NoAppend);
-        }
-        match self.check_layer(layer)? {
-            Layer::Global(g) => {
-                self.global.write_stored(g, k, v)?;
-                if let Some(p) = &mut self.pending {
-                    p.written[layer] = true;
-                }
-                Ok(())
-            }
-            Layer::Window(r) => self.write_ring(layer, r, Incoming::Stored(k, v)),
-        }
+        self.write_rows(layer, Incoming::Stored(k, v))
     }
 
     fn commit(&mut self) -> Result<(), KvError> {

@@ -142,7 +142,7 @@ pub fn rotations(kv: &KvView<'_>) -> (bool, bool) {
 
 /// `H q / n` (`n` = [`rotation_len`] of the head, an exact division), in `buf`: a query
 /// head matched to rotated keys.
-pub fn rotate<'b>(q: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
+fn rotate<'b>(q: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
     buf.clear();
     buf.extend_from_slice(q);
     unrotate(buf);

@@ -292,14 +292,12 @@ pub(crate) fn attention<K: Kernel>(
                 for kvh in 0..kv.n_kv_heads() {
                     let heads = kvh * group..(kvh + 1) * group;
                     if k_rot {
+                        // The group's query heads, rotated in place in one reused buffer.
                         qrot.clear();
-                        let mut buf = Vec::new();
                         for h in heads.clone() {
-                            let qh = q.slice(s![i, h, ..]);
-                            let qh = qh
-                                .as_slice()
-                                .expect("the last axis is contiguous (checked)");
-                            qrot.extend_from_slice(kvcore_scalar::rotate(qh, &mut buf));
+                            let at = qrot.len();
+                            qrot.extend(q.slice(s![i, h, ..]).iter());
+                            kvcore_scalar::unrotate(&mut qrot[at..]);
                         }
                     }
                     for (seg, slots, at) in blocks(&visible) {
