@@ -14,8 +14,9 @@
 //!   `matrixmultiply::sgemm` call on the stored weights (strides, no copy), so it is
 //!   matrixmultiply's own figure at this shape.
 //! - `attention`: one decode step of SmolLM2's attention (9 query heads, 3 KV heads,
-//!   head_dim 64) against 64, 512 and 4096 cached positions. Throughput: `4·heads·
-//!   head_dim·positions` flops (scores and weighted sum).
+//!   head_dim 64) against 64, 512 and 4096 cached positions, with the rows stored as
+//!   f32, f16 and q8_0. Throughput: `4·heads·head_dim·positions` flops (scores and
+//!   weighted sum).
 //! - `bandwidth`: a plain sum over a 256 MiB buffer (far beyond the caches), on 1 and 2
 //!   threads: this machine's memory read limit.
 //!
@@ -31,12 +32,13 @@ use criterion::{
     criterion_main,
 };
 use kvcore::backend::{AttnParams, Backend, DType, Q8Acts, Q8Layout, Weights, q8};
-use kvcore::kv::KvView;
+use kvcore::kv::{KvSegment, KvType, KvView};
 use kvcore::ndarray::Array3;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
 use kvcore_simd::Simd;
+use kvcore_test_support::conformance::cases::Encoded;
 
 /// GEMV shapes `[rows, cols]`.
 const GEMV_SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
@@ -56,6 +58,8 @@ const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 const HEAD_DIM: usize = 64;
 const POSITIONS: [usize; 3] = [64, 512, 4096];
+/// KV element types of the attention benches.
+const KV_TYPES: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
 /// Bandwidth buffer: 256 MiB of u64.
 const BANDWIDTH_WORDS: usize = 32 << 20;
 
@@ -220,22 +224,26 @@ fn attention(c: &mut Criterion) {
     let mut group = c.benchmark_group("attention");
     configure(&mut group);
     for n in POSITIONS {
-        let shape = (n, KV_HEADS, HEAD_DIM);
-        let keys = Array3::from_shape_vec(shape, values(n * kv_dim, 4)).expect("shape");
-        let vals = Array3::from_shape_vec(shape, values(n * kv_dim, 5)).expect("shape");
-        let kv = KvView::from_f32(keys.view(), vals.view()).expect("view");
-        let q = Array3::from_shape_vec((1, HEADS, HEAD_DIM), values(HEADS * HEAD_DIM, 6))
-            .expect("shape");
-        let mut out = Array3::<f32>::zeros((1, HEADS, HEAD_DIM));
-        let params = AttnParams::causal(HEAD_DIM);
-        group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * n) as u64));
-        for be in b.each() {
-            group.bench_function(BenchmarkId::new(be.name(), n), |bench| {
-                bench.iter(|| {
-                    be.attention(black_box(q.view()), &[n - 1], &kv, &params, out.view_mut())
-                        .expect("attention")
-                })
-            });
+        for ty in KV_TYPES {
+            let shape = (n, KV_HEADS, HEAD_DIM);
+            let keys = Encoded::new(ty, &values(n * kv_dim, 4), shape);
+            let vals = Encoded::new(ty, &values(n * kv_dim, 5), shape);
+            let seg = KvSegment::new(0, keys.rows(), vals.rows()).expect("segment");
+            let kv = KvView::new(KV_HEADS, HEAD_DIM, vec![seg]).expect("view");
+            let q = Array3::from_shape_vec((1, HEADS, HEAD_DIM), values(HEADS * HEAD_DIM, 6))
+                .expect("shape");
+            let mut out = Array3::<f32>::zeros((1, HEADS, HEAD_DIM));
+            let params = AttnParams::causal(HEAD_DIM);
+            group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * n) as u64));
+            for be in b.each() {
+                let id = BenchmarkId::new(format!("{}/{ty}", be.name()), n);
+                group.bench_function(id, |bench| {
+                    bench.iter(|| {
+                        be.attention(black_box(q.view()), &[n - 1], &kv, &params, out.view_mut())
+                            .expect("attention")
+                    })
+                });
+            }
         }
     }
     group.finish();

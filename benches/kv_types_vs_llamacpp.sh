@@ -12,7 +12,7 @@ model=${1:-${KVCORE_MODEL:-$HOME/.cache/kvcore/SmolLM2-135M-Instruct.Q4_1.gguf}}
 out=${2:-/tmp/kv-types-bench}
 py=${LLAMA_CPP_PYTHON:-$HOME/.cache/kvcore/llama-cpp-venv-avx2/bin/python}
 mkdir -p "$out"
-args=(-p 512 -n 32 -d 0,1024,4096 -r 3 -t 2)
+args=(-p 512 -n 32 -d 0,256,1024,4096 -r 3 -t 2)
 target/release/kvcore bench "$model" "${args[@]}" --kv-type f32,f16,q8_0 --json > "$out/kvcore_a.json"
 "$py" benches/llamacpp_driver.py bench "$model" "${args[@]}" -c 8192 > "$out/llamacpp_f16.json"
 "$py" benches/llamacpp_driver.py bench "$model" "${args[@]}" -c 8192 --flash-attn on > "$out/llamacpp_f16_fa.json"

@@ -175,6 +175,29 @@ macro_rules! bitwise_suite {
                     same_bits(&*INNER, &POOLS, &Attention::new(shape, n_new, 0, seed));
                 }
 
+                /// Decode steps and short prefills over deep caches: with few rows,
+                /// `Rayon` splits the keys into parts over its threads (when the inner
+                /// backend computes attention in parts) and folds them as the inner
+                /// backend does. Every KV type, causal and windowed, cut into segments.
+                #[test]
+                fn attention_at_depth(
+                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..4,
+                    group in 1usize..4, pos0 in 200usize..1500, n_new in 1usize..3,
+                    cuts in prop::collection::vec(0usize..1500, 0..3),
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    window in prop::option::of(1usize..900), seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let mut case = Attention::new(shape, n_new, 1, seed)
+                        .with_cuts(&cuts)
+                        .with_kv_types((k, v));
+                    if let Some(window) = window {
+                        case = case.with_mask(Mask::SlidingWindow { window });
+                    }
+                    same_bits(&*INNER, &POOLS, &case);
+                }
+
                 #[test]
                 fn elementwise(
                     len in prop_oneof![dim(), 30_000usize..70_000, 260_000usize..300_000], d in dim1(),

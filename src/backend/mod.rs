@@ -14,10 +14,12 @@
 //!   the mismatch; once the shapes are checked a kernel cannot fail.
 
 mod dtype;
+mod part;
 pub mod q8;
 mod shape;
 
 pub use dtype::{DType, QK, QK_K, q4_k_scale_min};
+pub use part::{PartStat, finish_part, merge_part};
 pub use q8::{Q8Acts, Q8Layout};
 pub use shape::{ShapeError, check};
 
@@ -309,6 +311,45 @@ pub trait Backend: Send + Sync {
         out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError>;
 
+    /// Slots per part when this backend's [`attention`](Backend::attention) is computed in
+    /// parts of the view, or `None` (the default) when it is one piece.
+    ///
+    /// `Some(len)` is a promise: `attention` equals, bit for bit,
+    /// [`attention_part`](Backend::attention_part) over the slots at positions
+    /// `k·len .. (k + 1)·len` ([`KvView::at_positions`]) for `k = 0, 1, …`, folded in that
+    /// order by [`merge_part`] and normalised by [`finish_part`]. Parts are cut by
+    /// positions, so every store holding the same rows cuts them alike. A parallel
+    /// backend uses it to split one query row's keys over threads (flash-decoding) and
+    /// stay bitwise equal.
+    fn attention_part_len(&self) -> Option<usize> {
+        None
+    }
+
+    /// One part of a split attention (folded by [`merge_part`]): the same operands as [`attention`](Backend::attention), and for each row `i` and head `h`,
+    /// `stats[i · n_heads + h]` ← the part's [`PartStat`] (largest visible score `m`,
+    /// `Σ e^(s−m)`) and `out[i, h]` ← `Σ e^(s−m) v` over the slots of `kv` the row sees,
+    /// unnormalised (zeros and [`PartStat::EMPTY`] when it sees none). Values stored
+    /// rotated (`q8_0`) are rotated back in `out`.
+    ///
+    /// Backends that return `None` from
+    /// [`attention_part_len`](Backend::attention_part_len) need not provide it; the
+    /// default is [`ShapeError::NotProvided`].
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        let _ = (q, q_pos, kv, params, out, stats);
+        Err(ShapeError::NotProvided {
+            what: "attention_part",
+            backend: self.name(),
+        })
+    }
+
     /// RMSNorm of each row: `out[t] ← x[t] / √(mean(x[t]²) + eps) ⊙ weight`.
     ///
     /// `x`, `out`: `[n, d]`, `weight: [d]`.
@@ -385,6 +426,20 @@ impl<B: Backend + ?Sized> Backend for &B {
         out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
         (**self).attention(q, q_pos, kv, params, out)
+    }
+    fn attention_part_len(&self) -> Option<usize> {
+        (**self).attention_part_len()
+    }
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        (**self).attention_part(q, q_pos, kv, params, out, stats)
     }
     fn rms_norm(
         &self,

@@ -94,6 +94,14 @@ pub enum ShapeError {
         /// Which field or operand.
         what: &'static str,
     },
+    /// An optional kernel this backend does not provide.
+    #[error("{backend} does not provide {what}")]
+    NotProvided {
+        /// The kernel.
+        what: &'static str,
+        /// The backend's name.
+        backend: &'static str,
+    },
     /// KV rows of an element type the kernel does not read.
     #[error("{what}: not available for {kv_type} KV rows")]
     UnsupportedKv {
@@ -284,6 +292,19 @@ pub mod check {
     /// Element-wise binary op: all lengths equal.
     pub fn same_len(what: &'static str, a: usize, b: usize) -> Result<(), ShapeError> {
         len(what, b, a)
+    }
+
+    /// [`attention`] and `stats: [n · n_heads]`.
+    pub fn attention_part(
+        q: &ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        out: &ArrayViewMut3<'_, f32>,
+        stats: &[crate::backend::PartStat],
+    ) -> Result<(), ShapeError> {
+        attention(q, q_pos, kv, out)?;
+        let (n, n_heads, _) = q.dim();
+        len("attention_part stats", stats.len(), n * n_heads)
     }
 
     /// `out: [cols]`, `row < rows`.

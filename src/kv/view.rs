@@ -345,6 +345,38 @@ impl<'a> KvView<'a> {
         self.segments.iter().flat_map(KvSegment::positions)
     }
 
+    /// The slots whose positions lie in `positions`, segments left empty dropped: what a
+    /// backend computing attention in parts hands each part. Parts cut by positions, not
+    /// by slot indices, are the same for every store holding the same rows.
+    pub fn at_positions(&self, positions: Range<usize>) -> KvView<'a> {
+        let mut segments = Vec::new();
+        for s in &self.segments {
+            let lo = positions.start.clamp(s.start, s.start + s.len());
+            let hi = positions.end.clamp(s.start, s.start + s.len());
+            if lo < hi {
+                let r = lo - s.start..hi - s.start;
+                segments.push(KvSegment {
+                    start: lo,
+                    keys: s.keys.slots(r.clone()),
+                    values: s.values.slots(r),
+                });
+            }
+        }
+        KvView {
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            segments,
+        }
+    }
+
+    /// The positions from the first held to one past the last (`0..0` when empty).
+    pub fn span(&self) -> Range<usize> {
+        match (self.segments.first(), self.segments.last()) {
+            (Some(a), Some(b)) => a.start..b.start + b.len(),
+            _ => 0..0,
+        }
+    }
+
     /// The same slots restricted to KV heads `heads`.
     ///
     /// # Panics
@@ -364,5 +396,41 @@ impl<'a> KvView<'a> {
                 .map(|s| s.heads(heads.clone()))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array3;
+
+    /// A view of positions 3..7 and 10..13 (a ring's tail and head), one head of 2.
+    fn two_segments<'a>(a: &'a Array3<f32>, b: &'a Array3<f32>) -> KvView<'a> {
+        let s1 = KvSegment::new(3, KvRows::F32(a.view()), KvRows::F32(a.view())).unwrap();
+        let s2 = KvSegment::new(10, KvRows::F32(b.view()), KvRows::F32(b.view())).unwrap();
+        KvView::new(1, 2, vec![s1, s2]).unwrap()
+    }
+
+    #[test]
+    fn at_positions_cuts_by_position_and_drops_empty_segments() {
+        let a = Array3::from_shape_fn((4, 1, 2), |(t, _, j)| (10 * t + j) as f32);
+        let b = Array3::from_shape_fn((3, 1, 2), |(t, _, j)| (100 + 10 * t + j) as f32);
+        let view = two_segments(&a, &b);
+        assert_eq!(view.span(), 3..13);
+        let positions = |v: &KvView<'_>| v.positions().collect::<Vec<_>>();
+        assert_eq!(positions(&view.at_positions(0..5)), [3, 4]);
+        assert_eq!(positions(&view.at_positions(5..12)), [5, 6, 10, 11]);
+        assert_eq!(view.at_positions(7..10).segments().len(), 0);
+        assert_eq!(positions(&view.at_positions(12..99)), [12]);
+        let cut = view.at_positions(5..12);
+        let KvRows::F32(first) = cut.segments()[0].keys() else {
+            panic!("f32 rows")
+        };
+        assert_eq!(
+            first[[0, 0, 1]],
+            21.0,
+            "slot of position 5 is row 2 of the first run"
+        );
+        assert_eq!(KvView::new(1, 2, vec![]).unwrap().span(), 0..0);
     }
 }

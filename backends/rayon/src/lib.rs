@@ -8,7 +8,7 @@
 //! |----|-------------|-------------|
 //! | `gemv`, `gemv_q8` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv`, `inner.gemv_q8` |
 //! | `gemm` | output rows of `W`; each piece fills a `[n, rows_piece]` scratch that is copied into the columns of `Y` | `inner.gemm` |
-//! | `attention` | chunks of new rows × KV-head groups (single query heads when that gives too few pieces) | `inner.attention` on each piece's views |
+//! | `attention` | chunks of new rows × KV-head groups; with too few of those (a decode step) and an inner backend that computes attention in parts (`attention_part_len`), KV groups × parts of the keys, folded by `merge_part` in part order as the inner backend folds them (flash-decoding); else single query heads | `inner.attention`, or `inner.attention_part`, on each piece's views |
 //! | `rope` | tokens | `inner.rope` |
 //! | `rms_norm` | rows | `inner.rms_norm` |
 //! | `swiglu`, `geglu`, `add` | element ranges | `inner.swiglu`, `inner.geglu`, `inner.add` |
@@ -40,8 +40,18 @@
 //!
 //! Assumption on `inner`: each of its outputs does not depend on how many other rows,
 //! elements or heads the same call holds beyond 64-aligned tiles (for attention: each
-//! (row, query head) output depends only on that row, that head and its KV head's rows). The scalar and SIMD backends meet
-//! both; `tests/rayon_bitwise.rs` checks them at 1, 2 and 3 threads.
+//! (row, query head) output depends only on that row, that head and its KV head's rows).
+//! The scalar and SIMD backends meet it; `tests/rayon_bitwise.rs` checks them at 1, 2
+//! and 3 threads.
+//!
+//! ## Splitting one decode step's keys
+//! A decode step is one query row over 3 KV groups (SmolLM2): whole groups would leave a
+//! thread with two of three, single heads re-read each group's keys three times. When the
+//! inner backend computes attention in parts of the keys (`attention_part_len`, `Simd`'s
+//! 256 positions), `Rayon` runs each KV group × part as a piece (`inner.attention_part`)
+//! and folds each row and head's parts in position order with `kvcore::backend::merge_part`
+//! and `finish_part`, as the inner backend's own `attention` does serially: at depth 4096
+//! that is 51 balanced pieces, and the same bits as `inner`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -51,7 +61,10 @@ mod split;
 
 pub use error::RayonError;
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check};
+use kvcore::backend::{
+    AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, finish_part,
+    merge_part,
+};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Slice};
 use rayon::prelude::*;
@@ -174,6 +187,73 @@ impl<B: Backend> Rayon<B> {
 thread_local! {
     /// A worker's piece of a GEMM output, `[n, len]`, reused by every call on that worker.
     static GEMM_PART: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+
+    /// The parts of a split attention call, `[parts, n_kv_heads, n, group, head_dim]`, and
+    /// their states `[parts, n_kv_heads, n, group]`, on the calling thread.
+    static ATTN_PARTS: std::cell::RefCell<(Vec<f32>, Vec<PartStat>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl<B: Backend> Rayon<B> {
+    /// Attention (shapes checked) as pieces of one KV group × one part of `part` slots
+    /// of the view, each `inner.attention_part` on a worker, then folded per row and head
+    /// in part order by `merge_part` and normalised by `finish_part`: what the inner
+    /// backend's own `attention` does serially (its `attention_part_len` promise), so the
+    /// result is the same bits.
+    fn attention_in_parts(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        mut out: ArrayViewMut3<'_, f32>,
+        part: usize,
+    ) -> Result<(), ShapeError> {
+        let (n, n_heads, hd) = q.dim();
+        let n_kv = kv.n_kv_heads();
+        let group = n_heads / n_kv;
+        let span = kv.span();
+        let (first, piece) = (span.start / part, n * group);
+        let parts = span.end.div_ceil(part) - first;
+        ATTN_PARTS.with_borrow_mut(|(outs, stats)| {
+            outs.resize(parts * n_kv * piece * hd, 0.0);
+            stats.resize(parts * n_kv * piece, PartStat::EMPTY);
+            let pieces: Vec<_> = (outs.chunks_exact_mut(piece * hd))
+                .zip(stats.chunks_exact_mut(piece))
+                .enumerate()
+                .map(|(idx, (o, st))| {
+                    let (p, kvh) = (idx / n_kv, idx % n_kv);
+                    let positions = (first + p) * part..(first + p + 1) * part;
+                    let heads = kvh * group..(kvh + 1) * group;
+                    (heads, kv.at_positions(positions).heads(kvh..kvh + 1), o, st)
+                })
+                .collect();
+            self.pool.install(|| {
+                pieces.into_par_iter().try_for_each(|(heads, kv, o, st)| {
+                    let qp = q.slice_axis(Axis(1), Slice::from(heads));
+                    let o = ArrayViewMut3::from_shape((n, group, hd), o)
+                        .expect("a piece holds n · group · head_dim");
+                    self.inner.attention_part(qp, q_pos, &kv, params, o, st)
+                })
+            })?;
+            for i in 0..n {
+                for h in 0..n_heads {
+                    let (kvh, g) = (h / group, h % group);
+                    let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
+                    let o = o
+                        .as_slice_mut()
+                        .expect("the last axis is contiguous (checked)");
+                    let mut acc = PartStat::EMPTY;
+                    for p in 0..parts {
+                        let at = (p * n_kv + kvh) * piece + i * group + g;
+                        merge_part(&mut acc, o, stats[at], &outs[at * hd..(at + 1) * hd]);
+                    }
+                    finish_part(acc, o);
+                }
+            }
+            Ok(())
+        })
+    }
 }
 
 impl<B: Backend> Backend for Rayon<B> {
@@ -296,12 +376,35 @@ impl<B: Backend> Backend for Rayon<B> {
         if macs < PAR_MIN_MACS {
             return self.inner.attention(q, q_pos, kv, params, out);
         }
-        let pieces = attention_pieces(q, q_pos, kv, out, self.chunk(n, 1), self.tasks());
+        let rows = self.chunk(n, 1);
+        let few = n.div_ceil(rows) * kv.n_kv_heads() < self.tasks();
+        let span = kv.span();
+        let parted = |p: usize| few && span.end > span.start / p * p + p;
+        if let Some(part) = self.inner.attention_part_len().filter(|&p| parted(p)) {
+            return self.attention_in_parts(q, q_pos, kv, params, out, part);
+        }
+        let pieces = attention_pieces(q, q_pos, kv, out, rows, self.tasks());
         self.pool.install(|| {
             pieces.into_par_iter().try_for_each(|(q, q_pos, kv, out)| {
                 self.inner.attention(q, q_pos, &kv, params, out)
             })
         })
+    }
+
+    fn attention_part_len(&self) -> Option<usize> {
+        self.inner.attention_part_len()
+    }
+
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        self.inner.attention_part(q, q_pos, kv, params, out, stats)
     }
 
     fn rms_norm(

@@ -10,7 +10,103 @@
 //! Layouts follow `kvcore::backend`: row-major `[rows, cols]`, weights in their stored
 //! bytes, activations `f32`.
 
-use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
+use kvcore::kv::{BlockQ8_0, KvRows};
+use kvcore::ndarray::{ArrayView2, Axis, s};
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+/// The rows of one KV head over a run of slots, `[rows, units]`, in their stored type
+/// (a unit is a value, or a block of 32 for `q8_0`), last axis contiguous: what the
+/// attention kernels read in place.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum HeadRows<'a> {
+    F32(ArrayView2<'a, f32>),
+    F16(ArrayView2<'a, f16>),
+    BF16(ArrayView2<'a, bf16>),
+    Q8_0(ArrayView2<'a, BlockQ8_0>),
+}
+
+impl<'a> HeadRows<'a> {
+    /// KV head `kvh` of `rows` at `slots`, or `None` for an element type without a
+    /// variant here (the caller decodes those).
+    pub(crate) fn of(rows: KvRows<'a>, slots: Range<usize>, kvh: usize) -> Option<Self> {
+        Some(match rows {
+            KvRows::F32(a) => HeadRows::F32(a.slice_move(s![slots, kvh, ..])),
+            KvRows::F16(a) => HeadRows::F16(a.slice_move(s![slots, kvh, ..])),
+            KvRows::BF16(a) => HeadRows::BF16(a.slice_move(s![slots, kvh, ..])),
+            KvRows::Q8_0(a) => HeadRows::Q8_0(a.slice_move(s![slots, kvh, ..])),
+            _ => return None,
+        })
+    }
+
+    /// Rows held.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            HeadRows::F32(a) => a.nrows(),
+            HeadRows::F16(a) => a.nrows(),
+            HeadRows::BF16(a) => a.nrows(),
+            HeadRows::Q8_0(a) => a.nrows(),
+        }
+    }
+
+    /// Values per row.
+    pub(crate) fn head_dim(&self) -> usize {
+        match self {
+            HeadRows::F32(a) => a.ncols(),
+            HeadRows::F16(a) => a.ncols(),
+            HeadRows::BF16(a) => a.ncols(),
+            HeadRows::Q8_0(a) => a.ncols() * kvcore::kv::Q8_0_BLOCK,
+        }
+    }
+
+    /// Row `t` decoded to f32 into `out` (`[head_dim]`), bit for bit the scalar
+    /// reference's decoding (every conversion here is exact but `q8_0`'s one product).
+    pub(crate) fn decode_row(&self, t: usize, out: &mut [f32]) {
+        match self {
+            HeadRows::F32(a) => out
+                .iter_mut()
+                .zip(a.index_axis(Axis(0), t))
+                .for_each(|(o, &v)| *o = v),
+            HeadRows::F16(a) => out
+                .iter_mut()
+                .zip(a.index_axis(Axis(0), t))
+                .for_each(|(o, v)| *o = v.to_f32()),
+            HeadRows::BF16(a) => out
+                .iter_mut()
+                .zip(a.index_axis(Axis(0), t))
+                .for_each(|(o, v)| *o = v.to_f32()),
+            HeadRows::Q8_0(a) => {
+                let blocks = a.index_axis(Axis(0), t);
+                for (o, b) in out.chunks_exact_mut(kvcore::kv::Q8_0_BLOCK).zip(blocks) {
+                    let d = b.d.to_f32();
+                    o.iter_mut()
+                        .zip(b.qs)
+                        .for_each(|(o, q)| *o = d * f32::from(q));
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The decoded rows of the default `scores_rows`/`weighted_rows`, reused per thread.
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The default of the rows kernels: `rows` decoded to f32 (`[len, head_dim]`) on this
+/// thread's scratch, handed to `f`.
+fn with_decoded<R>(rows: HeadRows<'_>, f: impl FnOnce(&[f32]) -> R) -> R {
+    DECODED.with_borrow_mut(|buf| {
+        let hd = rows.head_dim();
+        buf.resize(rows.len() * hd, 0.0);
+        for (t, out) in buf.chunks_exact_mut(hd.max(1)).enumerate() {
+            rows.decode_row(t, out);
+        }
+        f(&buf[..rows.len() * hd])
+    })
+}
 
 /// One instruction-set family's kernels. All lengths are checked by the callers in
 /// `ops.rs`; the implementations assert them again before any unchecked access.
@@ -56,6 +152,51 @@ pub(crate) trait Kernel: Copy {
     /// `values` (each `out.len()` long) and `t in 0..p.len()`.
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]);
 
+    /// Attention scores of `nv = qs.len() / head_dim` query vectors against rows in
+    /// their stored type: `out[v · stride + t] ← scale · q_v·k_t` for every row `t` of
+    /// `keys` (`qs: [nv, head_dim]`). Each vector's score is computed by the same
+    /// operations whatever `nv`, so splitting vectors over calls changes no bits. The
+    /// default decodes the rows and runs [`scores`](Kernel::scores) per vector.
+    fn scores_rows(
+        self,
+        qs: &[f32],
+        keys: HeadRows<'_>,
+        scale: f32,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let hd = keys.head_dim();
+        with_decoded(keys, |rows| {
+            for (v, q) in qs.chunks_exact(hd).enumerate() {
+                let dst = &mut out[v * stride..][..keys.len()];
+                self.scores(q, rows.chunks_exact(hd), scale, dst);
+            }
+        })
+    }
+
+    /// Weighted sums of rows in their stored type for `nv = outs.len() / head_dim`
+    /// outputs: `outs[v] ← outs[v] + Σ_t p[v · stride + t] · v_t` in `t` order over the
+    /// rows of `values` (`outs: [nv, head_dim]`), each output's chain the same whatever
+    /// `nv`. The default decodes the rows and runs
+    /// [`weighted_sum`](Kernel::weighted_sum) per output.
+    fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
+        let hd = values.head_dim();
+        with_decoded(values, |rows| {
+            for (v, o) in outs.chunks_exact_mut(hd).enumerate() {
+                let pv = &p[v * stride..][..values.len()];
+                self.weighted_sum(pv, rows.chunks_exact(hd), o);
+            }
+        })
+    }
+
+    /// The unnormalised softmax of one row in place: `x ← e^(x − max)`, returning the
+    /// max and the sum. A NaN makes the row NaN (and the state NaN); an empty or all
+    /// `−∞` row becomes zeros with [`PartStat::EMPTY`]. The default is the scalar
+    /// reference's exact `exp`.
+    fn exp_sum(self, x: &mut [f32]) -> PartStat {
+        exp_sum_with(x, |v| v.exp())
+    }
+
     /// Softmax of one row in place, with `Backend::softmax`'s contract (max-subtracted;
     /// a NaN makes the row NaN; an all-`−∞` row becomes zeros). The default is the scalar
     /// reference (exact `exp`); a family may vectorise it within the conformance
@@ -91,4 +232,27 @@ pub(crate) trait Kernel: Copy {
 
     /// `acc_j ← acc_j + x_j` (correctly rounded, so bit for bit the scalar result).
     fn add(self, acc: &mut [f32], x: &[f32]);
+}
+
+/// [`Kernel::exp_sum`] with the scalar `exp` applied element by element in order, the
+/// sum left to right.
+pub(crate) fn exp_sum_with(x: &mut [f32], exp: impl Fn(f32) -> f32) -> PartStat {
+    if x.iter().any(|v| v.is_nan()) {
+        x.fill(f32::NAN);
+        return PartStat {
+            max: f32::NAN,
+            sum: f32::NAN,
+        };
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return PartStat::EMPTY;
+    }
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    PartStat { max, sum }
 }

@@ -15,7 +15,7 @@
 //! |----|-----------|
 //! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32 |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
-//! | `attention` | per KV group, blocks of 64 key/value rows shared by the group's heads; SIMD scores, softmax and weighted sum |
+//! | `attention` | in parts of 256 slots folded by an exact log-sum-exp merge (so `Rayon` can split a decode step's keys over threads); per tile of query rows and a KV group's heads, blocks of 64 key/value rows read in their stored type (f32, f16, bf16, q8_0) once for every vector of the tile; SIMD scores, `exp` and weighted sums |
 //! | `softmax` | a vectorised `exp` within 3 ulps, the same Cephes `expf` in 8 (AVX2, `x86/dot.rs`) or 4 lanes (NEON, `aarch64/dot.rs`) |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
@@ -40,7 +40,7 @@ mod aarch64;
 mod x86;
 
 use kvcore::backend::{
-    AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
+    AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
 };
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
@@ -238,6 +238,28 @@ impl Backend for Simd {
             self,
             k => ops::attention(k, q, q_pos, kv, params, out)?,
             scalar => Scalar.attention(q, q_pos, kv, params, out)?
+        );
+        Ok(())
+    }
+
+    fn attention_part_len(&self) -> Option<usize> {
+        (self.path() != SimdPath::Scalar).then_some(ops::ATTN_PART)
+    }
+
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        check::attention_part(&q, q_pos, kv, &out, stats)?;
+        dispatch!(
+            self,
+            k => ops::attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats)?,
+            scalar => Scalar.attention_part(q, q_pos, kv, params, out, stats)?
         );
         Ok(())
     }

@@ -8,9 +8,16 @@
 //!   each decoded row serves all `n` tokens: for `n ≤ SMALL_N` panels of [`PANEL_ROWS`]
 //!   as plain dot products, without sgemm's packing; else panels of up to
 //!   [`SGEMM_PANEL_BYTES`] for `sgemm` (which packs `X` once per panel).
-//! - `attention`: per query row and KV group, blocks of [`ATTN_BLOCK`] key rows scored
-//!   for every head of the group while they are in cache, the family's softmax (AVX2: a
-//!   vectorised `exp`), then the value rows block by block into every head's output.
+//! - `attention`: flash-attention's online softmax at the granularity of parts of
+//!   [`ATTN_PART`] positions: each part ([`attention_part`]) gives every query row and
+//!   head its unnormalised output and softmax state, and the parts are folded by
+//!   `kvcore::backend::merge_part` (exact log-sum-exp rescaling) — so no row ever holds
+//!   more than one part's scores, and `Rayon` can compute one decode step's parts on
+//!   several threads and fold them to the same bits. Within a part, tiles of query rows ×
+//!   the heads of a KV group are scored against blocks of [`ATTN_BLOCK`] key rows read in
+//!   their stored type (`K::scores_rows`: each row loaded and converted once for the whole
+//!   tile), exponentiated with the family's `exp` (`K::exp_sum`), and the value rows added
+//!   into every vector of the tile the same way (`K::weighted_rows`).
 //! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
 //!   products.
 //!
@@ -18,11 +25,13 @@
 //! many other rows the call holds, so `kvcore_rayon::Rayon` splitting a call over rows
 //! gives bitwise identical results.
 
-use crate::kernel::Kernel;
+use crate::kernel::{HeadRows, Kernel};
 use crate::sgemm::{Gemm, sgemm};
-use kvcore::backend::{AttnParams, DType, Q8Acts, QK, ShapeError, Weights};
+use kvcore::backend::{
+    AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
+};
 use kvcore::kv::{KvRows, KvView};
-use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3, s};
 use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 × 4`
@@ -178,95 +187,100 @@ fn small_gemm<K: Kernel>(
     }
 }
 
-/// The `[head_dim]` rows of KV head `kvh` at slots `slots` of an f32 run (contiguous
-/// last axis, checked by the caller).
-fn head_rows<'a>(
-    rows: ArrayView3<'a, f32>,
-    slots: Range<usize>,
-    kvh: usize,
-) -> impl Iterator<Item = &'a [f32]> + Clone {
-    let head = rows.slice_move(s![slots, kvh, ..]); // [slots, head_dim]
-    (0..head.nrows()).map(move |t| {
-        head.index_axis_move(Axis(0), t)
-            .to_slice()
-            .expect("the last axis is contiguous (checked)")
-    })
-}
-
-/// Slots per attention block: the key (or value) rows of one block, `64 × head_dim × 4`
-/// bytes (16 KiB at SmolLM2's 64, 64 KiB at Gemma 3's 256), are read from memory once and
-/// served from L1/L2 to every query head of their KV group. (16-row blocks at Gemma 3's
-/// head_dim, 16 KiB, were no faster for a 696-token prefill: tried 2026-12-01.)
+/// Slots per attention block: the key (or value) rows of one KV head read by one
+/// `scores_rows` (`weighted_rows`) call, `64 × head_dim × 4` bytes at most (16 KiB at
+/// SmolLM2's 64, 64 KiB at Gemma 3's 256), in L1/L2 while every query vector of the
+/// tile passes over them.
 pub(crate) const ATTN_BLOCK: usize = 64;
+
+/// Slots per part of the split attention ([`Backend::attention_part_len`]): a query row's
+/// keys are scored, exponentiated and summed part by part, the parts folded by
+/// `kvcore::backend::merge_part` (flash-attention's online softmax at part granularity).
+/// 256 slots of one KV head's keys and values are `2 × 256 × 64 × 4` = 128 KiB for
+/// SmolLM2 in f32 (512 KiB for Gemma 3's 256-wide heads), within L2 while every query
+/// row of a prefill passes over them; a decode step at depth 4096 is 16 parts per KV
+/// head, enough pieces to balance two or more threads.
+///
+/// [`Backend::attention_part_len`]: kvcore::backend::Backend::attention_part_len
+pub(crate) const ATTN_PART: usize = 256;
+
+/// Query vectors (query rows × heads of one KV group) per tile of `attention_part`: a
+/// tile's vectors share every key and value row read (`x86/attn.rs` keeps 8 in
+/// registers).
+const TILE_VECS: usize = 8;
 
 thread_local! {
     /// The decoded weight panel of [`gemm`], reused by every call on this thread (up to
     /// [`SGEMM_PANEL_BYTES`]: allocated afresh, it was faulted in page by page per call).
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 
-    /// The scores of one query row's KV group, `[group, visible slots]`: reused by every
-    /// call on this thread, so a decode step allocates nothing once it has run.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The scratch of [`attention_part`], reused by every call on this thread, so a
+    /// decode step allocates nothing once it has run.
+    static PART: std::cell::RefCell<PartScratch> = const { std::cell::RefCell::new(PartScratch::new()) };
 
-    /// One block of key or value rows of a KV head decoded to f32, `[ATTN_BLOCK,
-    /// head_dim]`, for rows stored in another type: reused like `SCORES`.
-    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The scratch of [`attention`]'s fold over parts.
+    static FOLD: std::cell::RefCell<FoldScratch> = const { std::cell::RefCell::new(FoldScratch::new()) };
 }
 
-/// The `[head_dim]` f32 rows of KV head `kvh` at `slots` of `rows`: an f32 run's own
-/// rows, or for another type the rows decoded by the family's dequantiser (bit for bit
-/// the scalar reference's) into `scratch`, one block, never a layer. The last axis is
-/// contiguous (checked by the caller).
-fn block_rows<'r: 'a, 'a, K: Kernel>(
-    k: K,
-    rows: KvRows<'r>,
-    slots: Range<usize>,
-    kvh: usize,
-    scratch: &'a mut Vec<f32>,
-) -> impl Iterator<Item = &'a [f32]> + Clone + use<'a, K> {
-    let (view, slots, kvh): (ArrayView3<'a, f32>, _, _) = match rows {
-        KvRows::F32(a) => (a.reborrow(), slots, kvh),
-        other => {
-            let (n, hd, dtype) = (slots.len(), other.dim().2, other.kv_type().dtype());
-            scratch.resize(n * hd, 0.0);
-            for (t, out) in slots.zip(scratch.chunks_exact_mut(hd.max(1))) {
-                let bytes = other
-                    .head_bytes(t, kvh)
-                    .expect("the last axis is contiguous (checked)");
-                k.dequantize(dtype, bytes, out);
-            }
-            let decoded = ArrayView3::from_shape((n, 1, hd), &scratch[..n * hd])
-                .expect("the scratch holds n · head_dim values");
-            (decoded, 0..n, 0)
+/// What one tile of [`attention_part`] works in.
+struct PartScratch {
+    /// The tile's query vectors, `[vectors, head_dim]` (rotated for `q8_0` keys).
+    q: Vec<f32>,
+    /// Their scores over the union of the slots they see, `[vectors, stride]`.
+    scores: Vec<f32>,
+    /// Their unnormalised outputs, `[vectors, head_dim]`.
+    acc: Vec<f32>,
+    /// Their softmax states.
+    stats: Vec<PartStat>,
+    /// The visible slots of each row of the tile in each segment, `[rows, segments]`.
+    vis: Vec<Range<usize>>,
+    /// Each segment's union of the tile's visible slots, and its offset in `stride`.
+    union: Vec<(Range<usize>, usize)>,
+}
+
+impl PartScratch {
+    const fn new() -> Self {
+        PartScratch {
+            q: Vec::new(),
+            scores: Vec::new(),
+            acc: Vec::new(),
+            stats: Vec::new(),
+            vis: Vec::new(),
+            union: Vec::new(),
         }
-    };
-    head_rows(view, slots, kvh)
+    }
 }
 
-/// The visible slots of a view for one query position, cut into blocks of at most
-/// [`ATTN_BLOCK`] within one segment: `(segment, slots, offset into the scores)`.
-fn blocks(visible: &[Range<usize>]) -> impl Iterator<Item = (usize, Range<usize>, usize)> + '_ {
-    let mut at = 0;
-    visible.iter().enumerate().flat_map(move |(seg, vis)| {
-        let start = at;
-        at += vis.len();
-        (vis.start..vis.end).step_by(ATTN_BLOCK).map(move |b0| {
-            let b1 = (b0 + ATTN_BLOCK).min(vis.end);
-            (seg, b0..b1, start + (b0 - vis.start))
-        })
-    })
+/// What [`attention`] folds parts in.
+struct FoldScratch {
+    /// The running states, `[n · n_heads]`.
+    stats: Vec<PartStat>,
+    /// One part's outputs `[n, n_heads, head_dim]` and states.
+    part: Vec<f32>,
+    part_stats: Vec<PartStat>,
 }
 
-/// One layer's attention; shapes checked by the caller.
-///
-/// Per query row and KV group: the scores of every query head of the group, block by
-/// block of visible slots (each block of key rows read once for the whole group, the
-/// score of each head and slot the SIMD dot product of `K::scores`); then each head's
-/// softmax (`K::softmax`); then the weighted sum of the value rows, again block by block
-/// for the whole group (`K::weighted_sum` continues each output's chain of fused
-/// multiply-adds across blocks, so the blocking changes no bits). Every head's numbers are
-/// computed by the same operations in the same order whatever the group, the blocking or
-/// the split of rows and heads, so `Rayon` splitting a call stays bitwise equal.
+impl FoldScratch {
+    const fn new() -> Self {
+        FoldScratch {
+            stats: Vec::new(),
+            part: Vec::new(),
+            part_stats: Vec::new(),
+        }
+    }
+}
+
+/// KV head `kvh` of `rows` at `slots`, in place.
+fn head_rows(rows: KvRows<'_>, slots: Range<usize>, kvh: usize) -> HeadRows<'_> {
+    HeadRows::of(rows, slots, kvh).expect("element types checked by attention_part")
+}
+
+/// One layer's attention (shapes checked by the caller): [`attention_part`] over the
+/// view's slots at positions `0..ATTN_PART, ATTN_PART..2·ATTN_PART, …` (those the view
+/// holds), folded in that order by
+/// `merge_part` and normalised by `finish_part` — the promise of
+/// `Backend::attention_part_len`, which lets `Rayon` compute the parts on several
+/// threads and fold them to the same bits.
 pub(crate) fn attention<K: Kernel>(
     k: K,
     q: ArrayView3<'_, f32>,
@@ -275,76 +289,216 @@ pub(crate) fn attention<K: Kernel>(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
+    let (n, n_heads, hd) = q.dim();
+    let span = kv.span();
+    let first = span.start / ATTN_PART * ATTN_PART;
+    FOLD.with_borrow_mut(|f| {
+        f.stats.clear();
+        f.stats.resize(n * n_heads, PartStat::EMPTY);
+        if span.end <= first + ATTN_PART {
+            attention_part(
+                k,
+                q,
+                q_pos,
+                kv,
+                0..usize::MAX,
+                params,
+                out.view_mut(),
+                &mut f.stats,
+            )?;
+        } else {
+            f.part.resize(n * n_heads * hd, 0.0);
+            f.part_stats.resize(n * n_heads, PartStat::EMPTY);
+            for p0 in (first..span.end).step_by(ATTN_PART) {
+                let part = p0..p0 + ATTN_PART;
+                let mut po = ArrayViewMut3::from_shape((n, n_heads, hd), &mut f.part[..])
+                    .expect("the fold scratch holds n · n_heads · head_dim");
+                let (po, ps) = (po.view_mut(), &mut f.part_stats);
+                attention_part(k, q, q_pos, kv, part, params, po, ps)?;
+                for (idx, (acc, &ps)) in f.stats.iter_mut().zip(&f.part_stats).enumerate() {
+                    let (i, h) = (idx / n_heads, idx % n_heads);
+                    let mut o = out.slice_mut(s![i, h, ..]);
+                    let o = o
+                        .as_slice_mut()
+                        .expect("the last axis is contiguous (checked)");
+                    merge_part(acc, o, ps, &f.part[idx * hd..(idx + 1) * hd]);
+                }
+            }
+        }
+        for (idx, &st) in f.stats.iter().enumerate() {
+            let mut o = out.slice_mut(s![idx / n_heads, idx % n_heads, ..]);
+            finish_part(
+                st,
+                o.as_slice_mut()
+                    .expect("the last axis is contiguous (checked)"),
+            );
+        }
+        Ok(())
+    })
+}
+
+/// One part of attention (`Backend::attention_part`; shapes checked by the caller):
+/// each query row's unnormalised softmax-weighted sum over the slots of `kv` at
+/// `positions` it sees, and its state (for the fold of [`attention`], which so needs no
+/// sub-view per part).
+///
+/// The rows are taken in tiles of `max(1, TILE_VECS / group)` and each KV group's heads
+/// together: the tile's query vectors are scored against each block of [`ATTN_BLOCK`]
+/// key rows in one pass over the rows (`K::scores_rows`, the union of the slots the tile
+/// sees, each row read once for all vectors, in its stored type), each vector's own
+/// visible scores exponentiated and summed (`K::exp_sum`), and the value rows added block
+/// by block into every vector of a run of rows that sees the same slots of the block
+/// (`K::weighted_rows`). Each vector's numbers come from the same operations in the same
+/// order whatever the tile, the group, the blocking or a split of rows and heads, so
+/// `Rayon` splitting a call stays bitwise equal.
+#[allow(clippy::too_many_arguments)] // the trait method's operands and the part
+pub(crate) fn attention_part<K: Kernel>(
+    k: K,
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    positions: Range<usize>,
+    params: &AttnParams,
+    mut out: ArrayViewMut3<'_, f32>,
+    stats: &mut [PartStat],
+) -> Result<(), ShapeError> {
     let segs = kv.segments();
-    let n_heads = q.dim().1;
+    for seg in segs {
+        for (what, rows) in [
+            ("attention keys", seg.keys()),
+            ("attention values", seg.values()),
+        ] {
+            if HeadRows::of(rows, 0..0, 0).is_none() {
+                let kv_type = rows.kv_type();
+                return Err(ShapeError::UnsupportedKv { what, kv_type });
+            }
+        }
+    }
+    let (n, n_heads, hd) = q.dim();
     let group = n_heads / kv.n_kv_heads();
     let (k_rot, v_rot) = kvcore_scalar::rotations(kv);
-    let mut qrot = Vec::new(); // [group][head_dim] rotated query heads (q8_0 keys)
-    SCORES.with_borrow_mut(|scores| {
-        DECODED.with_borrow_mut(|scratch| {
-            for (i, &pos) in q_pos.iter().enumerate() {
-                let visible: Vec<Range<usize>> = (segs.iter())
-                    .map(|seg| seg.visible(pos, params.mask))
-                    .collect();
-                let total: usize = visible.iter().map(Range::len).sum();
-                scores.clear();
-                scores.resize(group * total, 0.0);
-                for kvh in 0..kv.n_kv_heads() {
-                    let heads = kvh * group..(kvh + 1) * group;
-                    if k_rot {
-                        // The group's query heads, rotated in place in one reused buffer.
-                        qrot.clear();
-                        for h in heads.clone() {
-                            let at = qrot.len();
-                            qrot.extend(q.slice(s![i, h, ..]).iter());
-                            kvcore_scalar::unrotate(&mut qrot[at..]);
-                        }
+    let tile = (TILE_VECS / group).max(1);
+    // A segment's visible slots restricted to the part's positions.
+    let clip = |vis: Range<usize>, seg: &kvcore::kv::KvSegment<'_>| {
+        let at = |p: usize| p.clamp(seg.start(), seg.start() + seg.len()) - seg.start();
+        let (lo, hi) = (
+            vis.start.max(at(positions.start)),
+            vis.end.min(at(positions.end)),
+        );
+        if lo < hi { lo..hi } else { 0..0 }
+    };
+    PART.with_borrow_mut(|sc| {
+        for i0 in (0..n).step_by(tile) {
+            let rows = i0..(i0 + tile).min(n);
+            let (nr, nseg) = (rows.len(), segs.len());
+            sc.vis.clear();
+            for &pos in &q_pos[rows.clone()] {
+                sc.vis.extend(
+                    segs.iter()
+                        .map(|seg| clip(seg.visible(pos, params.mask), seg)),
+                );
+            }
+            sc.union.clear();
+            let mut stride = 0;
+            for s in 0..nseg {
+                let seen = (0..nr)
+                    .map(|r| sc.vis[r * nseg + s].clone())
+                    .filter(|v| !v.is_empty());
+                let u = seen
+                    .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
+                    .unwrap_or(0..0);
+                sc.union.push((u.clone(), stride));
+                stride += u.len();
+            }
+            // Each row's visible slots, contiguous in the concatenated unions (a row sees
+            // one range of positions, and positions ascend across segments).
+            let flat = |vis: &[Range<usize>], union: &[(Range<usize>, usize)], r: usize| {
+                let mut span: Option<Range<usize>> = None;
+                for s in 0..nseg {
+                    let v = &vis[r * nseg + s];
+                    if v.is_empty() {
+                        continue;
                     }
-                    for (seg, slots, at) in blocks(&visible) {
-                        let n = slots.len();
-                        let keys = block_rows(k, segs[seg].keys(), slots, kvh, scratch);
-                        for (g, h) in heads.clone().enumerate() {
-                            let qh = q.slice(s![i, h, ..]);
-                            let qh = match k_rot {
-                                true => &qrot[g * qh.len()..(g + 1) * qh.len()],
-                                false => qh
-                                    .to_slice()
-                                    .expect("the last axis is contiguous (checked)"),
-                            };
-                            let dst = &mut scores[g * total + at..][..n];
-                            k.scores(qh, keys.clone(), params.scale, dst);
-                        }
-                    }
-                    for g in 0..group {
-                        k.softmax(&mut scores[g * total..(g + 1) * total]);
-                        out.slice_mut(s![i, kvh * group + g, ..]).fill(0.0);
-                    }
-                    for (seg, slots, at) in blocks(&visible) {
-                        let n = slots.len();
-                        let values = block_rows(k, segs[seg].values(), slots, kvh, scratch);
-                        for (g, h) in heads.clone().enumerate() {
-                            let p = &scores[g * total + at..][..n];
-                            let mut oh = out.slice_mut(s![i, h, ..]);
-                            let oh = oh
-                                .as_slice_mut()
-                                .expect("the last axis is contiguous (checked)");
-                            k.weighted_sum(p, values.clone(), oh);
-                        }
-                    }
-                    if v_rot {
-                        for h in heads.clone() {
-                            let mut oh = out.slice_mut(s![i, h, ..]);
-                            let oh = oh
-                                .as_slice_mut()
-                                .expect("the last axis is contiguous (checked)");
-                            kvcore_scalar::unrotate(oh);
+                    let (u, off) = &union[s];
+                    let (a, b) = (off + v.start - u.start, off + v.end - u.start);
+                    span = Some(span.map_or(a..b, |sp| sp.start..b));
+                }
+                span.unwrap_or(0..0)
+            };
+            let nv = nr * group;
+            for kvh in 0..kv.n_kv_heads() {
+                let heads = kvh * group..(kvh + 1) * group;
+                sc.q.clear();
+                for i in rows.clone() {
+                    for h in heads.clone() {
+                        let at = sc.q.len();
+                        sc.q.extend(q.slice(s![i, h, ..]).iter());
+                        if k_rot {
+                            kvcore_scalar::unrotate(&mut sc.q[at..]);
                         }
                     }
                 }
+                sc.scores.resize(nv * stride, 0.0);
+                for (s, seg) in segs.iter().enumerate() {
+                    let (u, off) = sc.union[s].clone();
+                    for b0 in u.clone().step_by(ATTN_BLOCK) {
+                        let b1 = (b0 + ATTN_BLOCK).min(u.end);
+                        let keys = head_rows(seg.keys(), b0..b1, kvh);
+                        let dst = &mut sc.scores[off + (b0 - u.start)..];
+                        k.scores_rows(&sc.q, keys, params.scale, dst, stride);
+                    }
+                }
+                sc.stats.clear();
+                for v in 0..nv {
+                    let span = flat(&sc.vis, &sc.union, v / group);
+                    let row = &mut sc.scores[v * stride..];
+                    sc.stats.push(k.exp_sum(&mut row[span]));
+                }
+                sc.acc.clear();
+                sc.acc.resize(nv * hd, 0.0);
+                for (s, seg) in segs.iter().enumerate() {
+                    let (u, off) = sc.union[s].clone();
+                    for b0 in u.clone().step_by(ATTN_BLOCK) {
+                        let b1 = (b0 + ATTN_BLOCK).min(u.end);
+                        let clip = |r: usize| {
+                            let v = &sc.vis[r * nseg + s];
+                            v.start.max(b0)..v.end.min(b1)
+                        };
+                        // Runs of consecutive rows that see the same slots of the block.
+                        let mut r0 = 0;
+                        while r0 < nr {
+                            let c = clip(r0);
+                            let mut r1 = r0 + 1;
+                            while r1 < nr && clip(r1) == c {
+                                r1 += 1;
+                            }
+                            if !c.is_empty() {
+                                let values = head_rows(seg.values(), c.clone(), kvh);
+                                let p =
+                                    &sc.scores[r0 * group * stride + off + (c.start - u.start)..];
+                                let outs = &mut sc.acc[r0 * group * hd..r1 * group * hd];
+                                k.weighted_rows(p, stride, values, outs);
+                            }
+                            r0 = r1;
+                        }
+                    }
+                }
+                for v in 0..nv {
+                    let acc = &mut sc.acc[v * hd..(v + 1) * hd];
+                    if v_rot {
+                        kvcore_scalar::unrotate(acc);
+                    }
+                    let (i, h) = (rows.start + v / group, kvh * group + v % group);
+                    let mut o = out.slice_mut(s![i, h, ..]);
+                    o.as_slice_mut()
+                        .expect("the last axis is contiguous (checked)")
+                        .copy_from_slice(acc);
+                    stats[i * n_heads + h] = sc.stats[v];
+                }
             }
-        })
-    });
-    Ok(())
+        }
+        Ok(())
+    })
 }
 
 /// RMSNorm of each `[d]` row. Shapes are checked by the caller.

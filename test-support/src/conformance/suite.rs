@@ -359,13 +359,38 @@ macro_rules! conformance_suite {
                     conforms(b(), &case)?;
                 }
 
+                /// Deep caches, where attention runs in parts of the keys (`Simd` folds
+                /// parts of 256 positions): causal and windowed, every KV type, the
+                /// rows cut into segments, a decode step or a few prefill rows.
+                #[test]
+                fn attention_at_depth(
+                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
+                    group in 1usize..4, pos0 in 200usize..1100, n_new in 1usize..4,
+                    cuts in prop::collection::vec(0usize..1200, 0..3),
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    window in prop::option::of(1usize..700), seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let mut case = Attention::new(shape, n_new, 1, seed)
+                        .with_cuts(&cuts)
+                        .with_kv_types((k, v));
+                    if let Some(window) = window {
+                        case = case.with_mask(Mask::SlidingWindow { window });
+                    }
+                    conforms(b(), &case)?;
+                }
+
                 /// How a store cuts its rows into segments never changes the bits.
+
                 #[test]
                 fn attention_segments_do_not_change_bits(
                     n_kv in 1usize..4, group in 1usize..4, pos0 in 0usize..40,
                     n_new in 1usize..5, cuts in prop::collection::vec(1usize..48, 1..4),
-                    seed in any::<u64>()
+                    deep in prop_oneof![Just(0usize), 250usize..600], seed in any::<u64>()
                 ) {
+                    let pos0 = pos0 + deep;
+                    let cuts: Vec<usize> = cuts.iter().map(|c| c + deep / 2).collect();
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim: 8, pos0 };
                     let whole = Attention::new(shape, n_new, 2, seed);
                     let cut = Attention::new(shape, n_new, 2, seed).with_cuts(&cuts);

@@ -16,6 +16,7 @@
 //! both paths to them against the scalar reference (run on NEON under qemu by
 //! `.ci/aarch64.sh`).
 
+use kvcore::backend::PartStat;
 use std::arch::aarch64::*;
 
 /// Four f32 from `s[0..4]`.
@@ -192,12 +193,20 @@ fn exp4(x: float32x4_t) -> float32x4_t {
     vbslq_f32(number, y, vdupq_n_f32(f32::NAN))
 }
 
-/// Softmax of `x` in place: the reference's algorithm (NaN row → NaN, all `−∞` → zeros,
-/// max subtracted, divide by the sum) with [`exp4`] and a 4-lane sum.
+/// `x ← e^(x − max)` in place with [`exp4`] and a 4-lane sum, returning the max and the
+/// sum (`Kernel::exp_sum`: a NaN row becomes NaN, an empty or all `−∞` row zeros with
+/// `PartStat::EMPTY`).
 #[target_feature(enable = "neon")]
-pub(super) fn softmax(x: &mut [f32]) {
+pub(super) fn exp_sum(x: &mut [f32]) -> PartStat {
     let Some(max) = kvcore_scalar::softmax_max(x) else {
-        return;
+        let nan = x.first().is_some_and(|v| v.is_nan());
+        return match nan {
+            true => PartStat {
+                max: f32::NAN,
+                sum: f32::NAN,
+            },
+            false => PartStat::EMPTY,
+        };
     };
     let m = vdupq_n_f32(max);
     let mut sum = vdupq_n_f32(0.0);
@@ -219,8 +228,19 @@ pub(super) fn softmax(x: &mut [f32]) {
             s += v;
         }
     }
+    PartStat { max, sum: s }
+}
+
+/// Softmax of `x` in place: the reference's algorithm (NaN row → NaN, all `−∞` → zeros,
+/// max subtracted, divide by the sum) through [`exp_sum`].
+#[target_feature(enable = "neon")]
+pub(super) fn softmax(x: &mut [f32]) {
+    let stat = exp_sum(x);
+    if stat.is_empty() || stat.max.is_nan() {
+        return;
+    }
     for v in x.iter_mut() {
-        *v /= s;
+        *v /= stat.sum;
     }
 }
 

@@ -17,7 +17,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 
 /// Proof that this CPU runs NEON: only [`Neon::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +77,11 @@ impl Kernel for Neon {
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
         // SAFETY: NEON detected (see above).
         unsafe { dot::weighted_sum(p, values, out) }
+    }
+
+    fn exp_sum(self, x: &mut [f32]) -> PartStat {
+        // SAFETY: NEON detected (see above).
+        unsafe { dot::exp_sum(x) }
     }
 
     fn softmax(self, x: &mut [f32]) {

@@ -23,6 +23,7 @@
 //! exact `expf` costs ~5 ns per score, which at a depth of 4096 positions is most of a
 //! decode step's attention.
 
+use kvcore::backend::PartStat;
 use std::arch::x86_64::*;
 
 /// Eight f32 from `s[0..8]`.
@@ -196,11 +197,19 @@ pub(super) fn exp8(x: __m256) -> __m256 {
     _mm256_blendv_ps(y, _mm256_set1_ps(f32::NAN), nan)
 }
 
-/// Softmax of `x` in place (see the module docs).
+/// `x ← e^(x − max)` in place, returning the max and the sum (`Kernel::exp_sum`: a NaN
+/// row becomes NaN, an empty or all `−∞` row zeros with `PartStat::EMPTY`).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn softmax(x: &mut [f32]) {
+pub(super) fn exp_sum(x: &mut [f32]) -> PartStat {
     let Some(max) = kvcore_scalar::softmax_max(x) else {
-        return;
+        let nan = x.first().is_some_and(|v| v.is_nan());
+        return match nan {
+            true => PartStat {
+                max: f32::NAN,
+                sum: f32::NAN,
+            },
+            false => PartStat::EMPTY,
+        };
     };
     let m = _mm256_set1_ps(max);
     let mut sum = _mm256_setzero_ps();
@@ -222,8 +231,19 @@ pub(super) fn softmax(x: &mut [f32]) {
             s += v;
         }
     }
+    PartStat { max, sum: s }
+}
+
+/// Softmax of `x` in place (see the module docs): [`exp_sum`], then each value divided
+/// by the sum.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn softmax(x: &mut [f32]) {
+    let stat = exp_sum(x);
+    if stat.is_empty() || stat.max.is_nan() {
+        return;
+    }
     for v in x.iter_mut() {
-        *v /= s;
+        *v /= stat.sum;
     }
 }
 

@@ -3,6 +3,8 @@
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
 //! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
 //!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
+//! - `attn.rs`: attention's scores and weighted sums over KV rows in their stored types,
+//!   several query heads per pass;
 //! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
 //!   formats against it.
 //!
@@ -10,13 +12,14 @@
 //! only `unsafe` outside the unaligned loads and stores is the call into that code from
 //! [`Avx2`]'s trait methods, justified by the detection that created the token.
 
+mod attn;
 mod dot;
 mod kquant;
 mod q8;
 mod quant;
 
-use crate::kernel::Kernel;
-use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
+use crate::kernel::{HeadRows, Kernel};
+use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 
 /// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +82,28 @@ impl Kernel for Avx2 {
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { dot::weighted_sum(p, values, out) }
+    }
+
+    fn scores_rows(
+        self,
+        qs: &[f32],
+        keys: HeadRows<'_>,
+        scale: f32,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: features detected (see above).
+        unsafe { attn::scores(qs, keys, scale, out, stride) }
+    }
+
+    fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { attn::weighted(p, stride, values, outs) }
+    }
+
+    fn exp_sum(self, x: &mut [f32]) -> PartStat {
+        // SAFETY: features detected (see above).
+        unsafe { dot::exp_sum(x) }
     }
 
     fn softmax(self, x: &mut [f32]) {

@@ -1,0 +1,537 @@
+//! AVX2 + FMA + F16C attention kernels over KV rows in their stored types: the scores of
+//! several query vectors against each key row, and the weighted sums of several outputs
+//! over each value row, each row read (and converted to f32 in registers) once for all
+//! the vectors of a pass.
+//!
+//! Rows are read in place through raw row pointers of their `ArrayView2`, so a row costs
+//! no view construction: `f32` loaded, `f16` converted by `vcvtph2ps`, `bf16` widened and
+//! shifted into the high half of an f32, `q8_0` widened to i32, converted and multiplied
+//! by the block's scale (the reference's one rounded product `d · q`). Every conversion
+//! but `q8_0`'s product is exact, so the kernels see the values the reference decodes.
+//!
+//! Numerics, per query vector and per output, are those of `dot::dot` and
+//! `dot::weighted_sum`, whatever the number of vectors in the pass:
+//! - a score is four 8-lane FMA accumulators over 32-value chunks, one over the 8-value
+//!   rest, `(a₀ + a₁) + (a₂ + a₃)`, the horizontal sum, an unfused scalar tail, then
+//!   `scale ·`;
+//! - an output element is the chain `o ← fma(p_t, v_tj, o)` in `t` order (the `head_dim
+//!   mod 8` tail `o + p_t·v_tj` unfused).
+//!
+//! Up to [`MAX_VECS`] vectors share a pass, so their accumulators stay in the 16 ymm
+//! registers; more are handled in consecutive passes.
+
+use super::dot::{hsum, load, store};
+use crate::kernel::HeadRows;
+use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
+use kvcore::ndarray::ArrayView2;
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+/// Query vectors (or outputs) per pass.
+pub(super) const MAX_VECS: usize = 8;
+
+/// One KV head's rows as the kernels read them.
+///
+/// # Safety
+/// `load8(t, j)` and `load32(t, j)` require `t < rows()` and `j + 8 ≤ head_dim()` (resp.
+/// `j + 32`), `j` a multiple of 8 (of 32 for `load32`), and a CPU with AVX2, FMA and F16C.
+trait Rows: Copy {
+    fn rows(&self) -> usize;
+    fn head_dim(&self) -> usize;
+    /// Values `j .. j + 8` of row `t` as f32.
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256;
+    /// Values `j .. j + 32` of row `t` as f32.
+    #[inline(always)]
+    unsafe fn load32(&self, t: usize, j: usize) -> [__m256; 4] {
+        // SAFETY: the caller's contract covers `j .. j + 32`, so each 8 of it.
+        unsafe {
+            [
+                self.load8(t, j),
+                self.load8(t, j + 8),
+                self.load8(t, j + 16),
+                self.load8(t, j + 24),
+            ]
+        }
+    }
+    /// Value `j` of row `t` as f32 (bounds-checked).
+    fn get(&self, t: usize, j: usize) -> f32;
+}
+
+/// A row-strided run of `rows` rows of `units` `T`s: the raw form of an `ArrayView2`
+/// with a contiguous last axis.
+#[derive(Clone, Copy)]
+struct Raw<'a, T> {
+    ptr: *const T,
+    stride: isize,
+    rows: usize,
+    units: usize,
+    _view: PhantomData<&'a T>,
+}
+
+impl<'a, T> Raw<'a, T> {
+    /// # Panics
+    /// If the last axis of `a` is not contiguous.
+    fn new(a: &ArrayView2<'a, T>) -> Self {
+        let (rows, units) = a.dim();
+        assert!(
+            rows == 0 || units <= 1 || a.strides()[1] == 1,
+            "head rows: the last axis must be contiguous"
+        );
+        Raw {
+            ptr: a.as_ptr(),
+            stride: if rows <= 1 { 0 } else { a.strides()[0] },
+            rows,
+            units,
+            _view: PhantomData,
+        }
+    }
+
+    /// Unit `u` of row `t`.
+    ///
+    /// # Safety
+    /// `t < rows`, `u < units`... or `u + k ≤ units` for a read of `k` units from it.
+    #[inline(always)]
+    unsafe fn at(&self, t: usize, u: usize) -> *const T {
+        // SAFETY: in bounds of the view by the caller's contract: the view's element
+        // `[t, u]` is at `ptr + t·stride + u`, and the view borrows its data for `'a`.
+        unsafe { self.ptr.offset(t as isize * self.stride).add(u) }
+    }
+
+    /// Unit `u` of row `t`, bounds-checked.
+    fn unit(&self, t: usize, u: usize) -> &'a T {
+        assert!(t < self.rows && u < self.units, "head rows index");
+        // SAFETY: checked in bounds just above; the data is borrowed for `'a`.
+        unsafe { &*self.at(t, u) }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct F32Rows<'a>(Raw<'a, f32>);
+#[derive(Clone, Copy)]
+struct F16Rows<'a>(Raw<'a, half::f16>);
+#[derive(Clone, Copy)]
+struct Bf16Rows<'a>(Raw<'a, half::bf16>);
+#[derive(Clone, Copy)]
+struct Q8Rows<'a>(Raw<'a, BlockQ8_0>);
+
+impl Rows for F32Rows<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
+    }
+    #[inline(always)]
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
+        // SAFETY: 8 floats of row `t` from `j` are in bounds (the trait's contract);
+        // unaligned loads are allowed.
+        unsafe { _mm256_loadu_ps(self.0.at(t, j)) }
+    }
+    fn get(&self, t: usize, j: usize) -> f32 {
+        *self.0.unit(t, j)
+    }
+}
+
+impl Rows for F16Rows<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
+    }
+    #[inline(always)]
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
+        // SAFETY: 8 halves (16 bytes) of row `t` from `j` are in bounds (the trait's
+        // contract); F16C is present (the trait's contract); unaligned loads are allowed.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.at(t, j).cast())) }
+    }
+    fn get(&self, t: usize, j: usize) -> f32 {
+        self.0.unit(t, j).to_f32()
+    }
+}
+
+impl Rows for Bf16Rows<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
+    }
+    #[inline(always)]
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
+        // SAFETY: 8 bf16 (16 bytes) of row `t` from `j` are in bounds (the trait's
+        // contract); unaligned loads are allowed. A bf16 is the high half of an f32.
+        unsafe {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(self.0.at(t, j).cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+        }
+    }
+    fn get(&self, t: usize, j: usize) -> f32 {
+        self.0.unit(t, j).to_f32()
+    }
+}
+
+impl Q8Rows<'_> {
+    /// The block holding value `j` of row `t` and its scale as f32.
+    ///
+    /// # Safety
+    /// `t < rows`, `j < head_dim`.
+    #[inline(always)]
+    unsafe fn block(&self, t: usize, j: usize) -> (*const i8, __m256) {
+        // SAFETY: block `j / 32` of row `t` is in bounds by the caller's contract; the
+        // scale is the block's first two bytes (`repr(C)`), converted exactly by F16C.
+        unsafe {
+            let b = self.0.at(t, j / Q8_0_BLOCK);
+            let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits())));
+            let qs = std::ptr::addr_of!((*b).qs).cast::<i8>();
+            (qs, _mm256_set1_ps(_mm_cvtss_f32(d)))
+        }
+    }
+}
+
+impl Rows for Q8Rows<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units * Q8_0_BLOCK
+    }
+    #[inline(always)]
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
+        // SAFETY: value `j` is in bounds (the trait's contract) and `j % 32 ≤ 24` (a
+        // multiple of 8), so 8 quants of the block from `j % 32` are in bounds.
+        unsafe {
+            let (qs, d) = self.block(t, j);
+            let q = _mm_loadl_epi64(qs.add(j % Q8_0_BLOCK).cast());
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load32(&self, t: usize, j: usize) -> [__m256; 4] {
+        // SAFETY: `j` is a multiple of 32 in bounds (the trait's contract): one whole
+        // block, its 32 quants read as two 16-byte loads.
+        unsafe {
+            let (qs, d) = self.block(t, j);
+            let lo = _mm_loadu_si128(qs.cast());
+            let hi = _mm_loadu_si128(qs.add(16).cast());
+            let f = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+            [
+                f(lo),
+                f(_mm_srli_si128::<8>(lo)),
+                f(hi),
+                f(_mm_srli_si128::<8>(hi)),
+            ]
+        }
+    }
+    fn get(&self, t: usize, j: usize) -> f32 {
+        let b = self.0.unit(t, j / Q8_0_BLOCK);
+        b.d.to_f32() * f32::from(b.qs[j % Q8_0_BLOCK])
+    }
+}
+
+/// `out[v · stride + t] ← scale · q_v·k_t` for `NV` vectors `qs: [NV, head_dim]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores_n<R: Rows, const NV: usize>(
+    qs: &[f32],
+    rows: R,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (n, hd) = (rows.rows(), rows.head_dim());
+    assert_eq!(qs.len(), NV * hd, "query vectors");
+    assert!(
+        n == 0 || (NV - 1) * stride + n <= out.len(),
+        "scores length"
+    );
+    for t in 0..n {
+        let mut acc = [[_mm256_setzero_ps(); 4]; NV];
+        let mut i = 0;
+        while i + 32 <= hd {
+            // SAFETY: `t < n`, `i + 32 ≤ hd`, `i` a multiple of 32; features enabled.
+            let k = unsafe { rows.load32(t, i) };
+            for (v, a) in acc.iter_mut().enumerate() {
+                let q = &qs[v * hd + i..];
+                for (l, lane) in a.iter_mut().enumerate() {
+                    *lane = _mm256_fmadd_ps(load(&q[8 * l..]), k[l], *lane);
+                }
+            }
+            i += 32;
+        }
+        while i + 8 <= hd {
+            // SAFETY: `t < n`, `i + 8 ≤ hd`, `i` a multiple of 8; features enabled.
+            let k = unsafe { rows.load8(t, i) };
+            for (v, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm256_fmadd_ps(load(&qs[v * hd + i..]), k, a[0]);
+            }
+            i += 8;
+        }
+        for (v, a) in acc.iter().enumerate() {
+            let mut s = hsum(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[1]),
+                _mm256_add_ps(a[2], a[3]),
+            ));
+            for j in i..hd {
+                s += qs[v * hd + j] * rows.get(t, j);
+            }
+            out[v * stride + t] = scale * s;
+        }
+    }
+}
+
+/// Columns `c0 .. c0 + 8·C` of `NV` outputs: `outs[v] += Σ_t p[v·stride + t] · v_t`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_cols<R: Rows, const NV: usize, const C: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+    c0: usize,
+) {
+    let hd = rows.head_dim();
+    let mut acc = [[_mm256_setzero_ps(); C]; NV];
+    for (v, a) in acc.iter_mut().enumerate() {
+        for (c, x) in a.iter_mut().enumerate() {
+            *x = load(&outs[v * hd + c0 + 8 * c..]);
+        }
+    }
+    let whole = C == 4 && c0.is_multiple_of(32);
+    for t in 0..rows.rows() {
+        let mut x = [_mm256_setzero_ps(); C];
+        if whole {
+            // SAFETY: `t < rows`, `c0 + 32 ≤ hd` (the caller's loop), `c0` a multiple of
+            // 32; the same values as four `load8`.
+            x.copy_from_slice(&unsafe { rows.load32(t, c0) });
+        } else {
+            for (c, xc) in x.iter_mut().enumerate() {
+                // SAFETY: `t < rows`, `c0 + 8c + 8 ≤ hd` (the caller's loop), a multiple
+                // of 8.
+                *xc = unsafe { rows.load8(t, c0 + 8 * c) };
+            }
+        }
+        for (v, a) in acc.iter_mut().enumerate() {
+            let pv = _mm256_set1_ps(p[v * stride + t]);
+            for (c, o) in a.iter_mut().enumerate() {
+                *o = _mm256_fmadd_ps(pv, x[c], *o);
+            }
+        }
+    }
+    for (v, a) in acc.iter().enumerate() {
+        for (c, x) in a.iter().enumerate() {
+            store(&mut outs[v * hd + c0 + 8 * c..], *x);
+        }
+    }
+}
+
+/// `outs[v] += Σ_t p[v·stride + t] · v_t` for `NV` outputs `outs: [NV, head_dim]`, in
+/// column passes of `8·C` (so `NV · C` accumulators stay in registers).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_n<R: Rows, const NV: usize, const C: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+) {
+    let (n, hd) = (rows.rows(), rows.head_dim());
+    assert_eq!(outs.len(), NV * hd, "outputs");
+    assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
+    let mut c0 = 0;
+    while c0 + 8 * C <= hd {
+        weighted_cols::<R, NV, C>(p, stride, rows, outs, c0);
+        c0 += 8 * C;
+    }
+    while c0 + 8 <= hd {
+        weighted_cols::<R, NV, 1>(p, stride, rows, outs, c0);
+        c0 += 8;
+    }
+    for j in c0..hd {
+        for v in 0..NV {
+            let mut o = outs[v * hd + j];
+            for t in 0..n {
+                o += p[v * stride + t] * rows.get(t, j);
+            }
+            outs[v * hd + j] = o;
+        }
+    }
+}
+
+/// Runs `$f::<R, NV, ...>` for the rows' type and `nv` in `1 ..= MAX_VECS`.
+macro_rules! per_vecs {
+    ($nv:expr, $n:ident => $call:expr) => {
+        match $nv {
+            1 => {
+                const $n: usize = 1;
+                $call
+            }
+            2 => {
+                const $n: usize = 2;
+                $call
+            }
+            3 => {
+                const $n: usize = 3;
+                $call
+            }
+            4 => {
+                const $n: usize = 4;
+                $call
+            }
+            5 => {
+                const $n: usize = 5;
+                $call
+            }
+            6 => {
+                const $n: usize = 6;
+                $call
+            }
+            7 => {
+                const $n: usize = 7;
+                $call
+            }
+            8 => {
+                const $n: usize = 8;
+                $call
+            }
+            _ => unreachable!("passes hold 1 ..= MAX_VECS vectors"),
+        }
+    };
+}
+
+/// The rows of `$h` as a [`Rows`] value bound to `$r` in `$call`.
+macro_rules! per_type {
+    ($h:expr, $r:ident => $call:expr) => {
+        match $h {
+            HeadRows::F32(a) => {
+                let $r = F32Rows(Raw::new(&a));
+                $call
+            }
+            HeadRows::F16(a) => {
+                let $r = F16Rows(Raw::new(&a));
+                $call
+            }
+            HeadRows::BF16(a) => {
+                let $r = Bf16Rows(Raw::new(&a));
+                $call
+            }
+            HeadRows::Q8_0(a) => {
+                let $r = Q8Rows(Raw::new(&a));
+                $call
+            }
+        }
+    };
+}
+
+/// The 8 sums of the lanes of `a[0..8]`, lane `r` ← `Σ a[r]` as
+/// `((x₀+x₁)+(x₂+x₃)) + ((x₄+x₅)+(x₆+x₇))` for every `r` alike.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lane_sums(a: &[__m256; 8]) -> __m256 {
+    let h01 = _mm256_hadd_ps(a[0], a[1]);
+    let h23 = _mm256_hadd_ps(a[2], a[3]);
+    let h45 = _mm256_hadd_ps(a[4], a[5]);
+    let h67 = _mm256_hadd_ps(a[6], a[7]);
+    let h0123 = _mm256_hadd_ps(h01, h23);
+    let h4567 = _mm256_hadd_ps(h45, h67);
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(h0123, h4567),
+        _mm256_permute2f128_ps::<0x31>(h0123, h4567),
+    )
+}
+
+/// Scores for heads of `8·CH` values (32, 64, 128 or 256), 8 key rows at a time:
+/// the 8 rows are converted to f32 once into a stack buffer, then each vector runs 8
+/// independent FMA chains (one per row, over the row's 8-value chunks in order) and one
+/// transposing reduction ([`lane_sums`]) gives the 8 scores in one register. A score is
+/// thus `scale · Σ` of the 8 lanes of its row's chain, the same operations for every
+/// row, vector and position in a block of 8 (the last, partial block re-reads its last
+/// row in the unused slots and stores only its own rows).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores_by_8<R: Rows, const CH: usize>(
+    qs: &[f32],
+    rows: R,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (n, hd) = (rows.rows(), rows.head_dim());
+    assert!(hd == 8 * CH && CH > 0 && CH.is_multiple_of(4), "head size");
+    let nv = qs.len() / hd;
+    assert!(
+        n == 0 || (nv - 1) * stride + n <= out.len(),
+        "scores length"
+    );
+    let mut buf = [[_mm256_setzero_ps(); CH]; 8];
+    let sc = _mm256_set1_ps(scale);
+    for t0 in (0..n).step_by(8) {
+        let m = (n - t0).min(8);
+        for (r, row) in buf.iter_mut().enumerate() {
+            let t = t0 + r.min(m - 1);
+            for (c4, x) in row.chunks_exact_mut(4).enumerate() {
+                // SAFETY: `t < n`, `32·c4 + 32 ≤ hd` (`CH` is a multiple of 4), a multiple
+                // of 32; features enabled.
+                x.copy_from_slice(&unsafe { rows.load32(t, 32 * c4) });
+            }
+        }
+        for q in qs.chunks_exact(hd) {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in 0..CH {
+                let qc = load(&q[8 * c..]);
+                for (a, row) in acc.iter_mut().zip(&buf) {
+                    *a = _mm256_fmadd_ps(qc, row[c], *a);
+                }
+            }
+            let mut s = [0.0f32; 8];
+            store(&mut s, _mm256_mul_ps(sc, lane_sums(&acc)));
+            let v = (q.as_ptr() as usize - qs.as_ptr() as usize) / (4 * hd);
+            out[v * stride + t0..][..m].copy_from_slice(&s[..m]);
+        }
+    }
+}
+
+/// `out[v · stride + t] ← scale · q_v·k_t` for every vector of `qs: [nv, head_dim]` and
+/// row of `keys` (see the module docs; heads of 32, 64, 128 or 256 values take
+/// [`scores_by_8`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32], stride: usize) {
+    let hd = keys.head_dim();
+    if hd == 0 || keys.len() == 0 {
+        return;
+    }
+    macro_rules! by_8 {
+        ($ch:literal) => {{
+            per_type!(keys, r => scores_by_8::<_, $ch>(qs, r, scale, out, stride));
+            return;
+        }};
+    }
+    match hd {
+        32 => by_8!(4),
+        64 => by_8!(8),
+        128 => by_8!(16),
+        256 => by_8!(32),
+        _ => {}
+    }
+    for (pass, q) in qs.chunks(MAX_VECS * hd).enumerate() {
+        let out = &mut out[pass * MAX_VECS * stride..];
+        per_type!(keys, r => per_vecs!(q.len() / hd, NV => scores_n::<_, NV>(q, r, scale, out, stride)));
+    }
+}
+
+/// `outs[v] += Σ_t p[v · stride + t] · v_t` for every output of `outs: [nv, head_dim]`
+/// over the rows of `values` (see the module docs).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
+    let hd = values.head_dim();
+    if hd == 0 || values.len() == 0 {
+        return;
+    }
+    for (pass, o) in outs.chunks_mut(MAX_VECS * hd).enumerate() {
+        let p = &p[pass * MAX_VECS * stride..];
+        // Column passes per vector count: `NV · C ≤ 12` accumulators.
+        per_type!(values, r => per_vecs!(o.len() / hd, NV => match NV {
+            1 => weighted_n::<_, NV, 8>(p, stride, r, o),
+            2 | 3 => weighted_n::<_, NV, 4>(p, stride, r, o),
+            4..=6 => weighted_n::<_, NV, 2>(p, stride, r, o),
+            _ => weighted_n::<_, NV, 1>(p, stride, r, o),
+        }));
+    }
+}
