@@ -189,12 +189,10 @@ macro_rules! bitwise_suite {
                     window in prop::option::of(1usize..900), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
+                    let case = Attention::new(shape, n_new, 1, seed)
                         .with_cuts(&cuts)
-                        .with_kv_types((k, v));
-                    if let Some(window) = window {
-                        case = case.with_mask(Mask::SlidingWindow { window });
-                    }
+                        .with_kv_types((k, v))
+                        .with_window(window);
                     same_bits(&*INNER, &POOLS, &case);
                 }
 

@@ -338,6 +338,14 @@ impl Attention {
         self
     }
 
+    /// The same case under a sliding window of `window` positions, or causal for `None`.
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        match window {
+            Some(window) => self.with_mask(Mask::SlidingWindow { window }),
+            None => self,
+        }
+    }
+
     fn n_new(&self) -> usize {
         self.q.len() / (self.shape.n_heads * self.shape.head_dim)
     }

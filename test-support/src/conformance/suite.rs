@@ -330,10 +330,9 @@ macro_rules! conformance_suite {
                     window in prop::option::of(0usize..12), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, extra, seed).with_cuts(&cuts);
-                    if let Some(window) = window {
-                        case = case.with_mask(Mask::SlidingWindow { window });
-                    }
+                    let case = Attention::new(shape, n_new, extra, seed)
+                        .with_cuts(&cuts)
+                        .with_window(window);
                     conforms(b(), &case)?;
                 }
 
@@ -350,12 +349,10 @@ macro_rules! conformance_suite {
                     window in prop::option::of(1usize..40), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
+                    let case = Attention::new(shape, n_new, 1, seed)
                         .with_cuts(&cuts)
-                        .with_kv_types((k, v));
-                    if let Some(window) = window {
-                        case = case.with_mask(Mask::SlidingWindow { window });
-                    }
+                        .with_kv_types((k, v))
+                        .with_window(window);
                     conforms(b(), &case)?;
                 }
 
@@ -372,12 +369,10 @@ macro_rules! conformance_suite {
                     window in prop::option::of(1usize..700), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
+                    let case = Attention::new(shape, n_new, 1, seed)
                         .with_cuts(&cuts)
-                        .with_kv_types((k, v));
-                    if let Some(window) = window {
-                        case = case.with_mask(Mask::SlidingWindow { window });
-                    }
+                        .with_kv_types((k, v))
+                        .with_window(window);
                     conforms(b(), &case)?;
                 }
 

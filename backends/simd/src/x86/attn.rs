@@ -9,16 +9,15 @@
 //! by the block's scale (the reference's one rounded product `d · q`). Every conversion
 //! but `q8_0`'s product is exact, so the kernels see the values the reference decodes.
 //!
-//! Numerics, per query vector and per output, are those of `dot::dot` and
-//! `dot::weighted_sum`, whatever the number of vectors in the pass:
-//! - a score is four 8-lane FMA accumulators over 32-value chunks, one over the 8-value
-//!   rest, `(a₀ + a₁) + (a₂ + a₃)`, the horizontal sum, an unfused scalar tail, then
-//!   `scale ·`;
-//! - an output element is the chain `o ← fma(p_t, v_tj, o)` in `t` order (the `head_dim
-//!   mod 8` tail `o + p_t·v_tj` unfused).
-//!
-//! Up to [`MAX_VECS`] vectors share a pass, so their accumulators stay in the 16 ymm
-//! registers; more are handled in consecutive passes.
+//! Numerics, per query vector and per output, whatever the number of vectors in the call:
+//! - a score, for heads of 32, 64, 128 or 256 values ([`scores_by_8`]), is one 8-lane FMA
+//!   chain over the row's 8-value chunks, its lanes summed as `((x₀+x₁)+(x₂+x₃)) +
+//!   ((x₄+x₅)+(x₆+x₇))`, then `scale ·`; for other heads ([`scores_one`]) `dot::dot`'s
+//!   order (four accumulators over 32-value chunks, one over the rest, the horizontal
+//!   sum, an unfused scalar tail);
+//! - an output element is `dot::weighted_sum`'s chain `o ← fma(p_t, v_tj, o)` in `t`
+//!   order (the `head_dim mod 8` tail `o + p_t·v_tj` unfused). Up to [`MAX_VECS`] outputs
+//!   share a pass over the value rows, so their accumulators stay in the 16 ymm registers.
 
 use super::dot::{hsum, load, store};
 use crate::kernel::HeadRows;
@@ -229,53 +228,38 @@ impl Rows for Q8Rows<'_> {
     }
 }
 
-/// `out[v · stride + t] ← scale · q_v·k_t` for `NV` vectors `qs: [NV, head_dim]`.
+/// `out[t] ← scale · q·k_t` for one query `q: [head_dim]`, row by row: the fallback for
+/// head sizes [`scores_by_8`] does not take, in `dot::dot`'s order.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scores_n<R: Rows, const NV: usize>(
-    qs: &[f32],
-    rows: R,
-    scale: f32,
-    out: &mut [f32],
-    stride: usize,
-) {
+fn scores_one<R: Rows>(q: &[f32], rows: R, scale: f32, out: &mut [f32]) {
     let (n, hd) = (rows.rows(), rows.head_dim());
-    assert_eq!(qs.len(), NV * hd, "query vectors");
-    assert!(
-        n == 0 || (NV - 1) * stride + n <= out.len(),
-        "scores length"
-    );
-    for t in 0..n {
-        let mut acc = [[_mm256_setzero_ps(); 4]; NV];
+    assert_eq!(q.len(), hd, "query vector");
+    assert!(n <= out.len(), "scores length");
+    for (t, o) in out.iter_mut().enumerate().take(n) {
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= hd {
             // SAFETY: `t < n`, `i + 32 ≤ hd`, `i` a multiple of 32; features enabled.
             let k = unsafe { rows.load32(t, i) };
-            for (v, a) in acc.iter_mut().enumerate() {
-                let q = &qs[v * hd + i..];
-                for (l, lane) in a.iter_mut().enumerate() {
-                    *lane = _mm256_fmadd_ps(load(&q[8 * l..]), k[l], *lane);
-                }
+            for (l, lane) in acc.iter_mut().enumerate() {
+                *lane = _mm256_fmadd_ps(load(&q[i + 8 * l..]), k[l], *lane);
             }
             i += 32;
         }
         while i + 8 <= hd {
             // SAFETY: `t < n`, `i + 8 ≤ hd`, `i` a multiple of 8; features enabled.
             let k = unsafe { rows.load8(t, i) };
-            for (v, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_fmadd_ps(load(&qs[v * hd + i..]), k, a[0]);
-            }
+            acc[0] = _mm256_fmadd_ps(load(&q[i..]), k, acc[0]);
             i += 8;
         }
-        for (v, a) in acc.iter().enumerate() {
-            let mut s = hsum(_mm256_add_ps(
-                _mm256_add_ps(a[0], a[1]),
-                _mm256_add_ps(a[2], a[3]),
-            ));
-            for j in i..hd {
-                s += qs[v * hd + j] * rows.get(t, j);
-            }
-            out[v * stride + t] = scale * s;
+        let mut s = hsum(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        ));
+        for (j, &qj) in q.iter().enumerate().skip(i) {
+            s += qj * rows.get(t, j);
         }
+        *o = scale * s;
     }
 }
 
@@ -356,42 +340,17 @@ fn weighted_n<R: Rows, const NV: usize, const C: usize>(
     }
 }
 
-/// Runs `$f::<R, NV, ...>` for the rows' type and `nv` in `1 ..= MAX_VECS`.
+/// Runs `$call` with the constant `$n` = `nv`, for `nv` in `1 ..= MAX_VECS`.
 macro_rules! per_vecs {
     ($nv:expr, $n:ident => $call:expr) => {
+        per_vecs!(@arms $nv, $n, $call, 1 2 3 4 5 6 7 8)
+    };
+    (@arms $nv:expr, $n:ident, $call:expr, $($k:literal)*) => {
         match $nv {
-            1 => {
-                const $n: usize = 1;
+            $($k => {
+                const $n: usize = $k;
                 $call
-            }
-            2 => {
-                const $n: usize = 2;
-                $call
-            }
-            3 => {
-                const $n: usize = 3;
-                $call
-            }
-            4 => {
-                const $n: usize = 4;
-                $call
-            }
-            5 => {
-                const $n: usize = 5;
-                $call
-            }
-            6 => {
-                const $n: usize = 6;
-                $call
-            }
-            7 => {
-                const $n: usize = 7;
-                $call
-            }
-            8 => {
-                const $n: usize = 8;
-                $call
-            }
+            })*
             _ => unreachable!("passes hold 1 ..= MAX_VECS vectors"),
         }
     };
@@ -510,9 +469,9 @@ pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32]
         256 => by_8!(32),
         _ => {}
     }
-    for (pass, q) in qs.chunks(MAX_VECS * hd).enumerate() {
-        let out = &mut out[pass * MAX_VECS * stride..];
-        per_type!(keys, r => per_vecs!(q.len() / hd, NV => scores_n::<_, NV>(q, r, scale, out, stride)));
+    for (v, q) in qs.chunks_exact(hd).enumerate() {
+        let out = &mut out[v * stride..];
+        per_type!(keys, r => scores_one(q, r, scale, out));
     }
 }
 
