@@ -17,6 +17,9 @@
 //!   head_dim 64) against 64, 512 and 4096 cached positions, with the rows stored as
 //!   f32, f16 and q8_0. Throughput: `4·heads·head_dim·positions` flops (scores and
 //!   weighted sum).
+//! - `attention_paged`: the same decode step at 4096 positions and a 64-query prefill
+//!   chunk at 1024, over a `PagedKv` view of blocks of 16 … 256 positions (one segment per
+//!   block) beside a `GrowKv` (one segment, `grow`): what a block size costs attention.
 //! - `bandwidth`: a plain sum over a 256 MiB buffer (far beyond the caches), on 1 and 2
 //!   threads: this machine's memory read limit.
 //!
@@ -32,7 +35,10 @@ use criterion::{
     criterion_main,
 };
 use kvcore::backend::{AttnParams, Backend, DType, Q8Acts, Q8Layout, Weights, q8};
-use kvcore::kv::{KvSegment, KvType, KvView};
+use kvcore::kv::{
+    Append, GrowKv, KvGeometry, KvPool, KvSegment, KvStore, KvType, KvView, PoolConfig,
+};
+use kvcore::ndarray::Array2;
 use kvcore::ndarray::Array3;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
@@ -249,6 +255,81 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// Block sizes of the paged attention benches.
+const BLOCK_LENS: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// `n` positions of random rows in `kv` (one append).
+fn fill<K: KvStore>(kv: &mut K, n: usize) {
+    let g = kv.geometry();
+    let mut tx = Append::begin(kv, 0, n).expect("begin");
+    for layer in 0..g.n_layers {
+        let k = Array2::from_shape_vec((n, g.kv_dim()), values(n * g.kv_dim(), 7)).expect("k");
+        let v = Array2::from_shape_vec((n, g.kv_dim()), values(n * g.kv_dim(), 8)).expect("v");
+        tx.write(layer, k.view(), v.view()).expect("write");
+    }
+    tx.commit().expect("commit");
+}
+
+fn attention_paged(c: &mut Criterion) {
+    let b = Backends::new();
+    let g = KvGeometry {
+        n_layers: 1,
+        n_kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+    };
+    let mut group = c.benchmark_group("attention_paged");
+    configure(&mut group);
+    // (cached positions, queries): a decode step deep in the cache, a prefill chunk.
+    for (n, rows) in [(4096, 1), (1024, 64)] {
+        for ty in [KvType::F32, KvType::F16] {
+            let types = (ty, ty);
+            let mut stores: Vec<(String, Box<dyn KvStore>)> = Vec::new();
+            let mut grow = GrowKv::with_types(g, n, types).expect("grow");
+            fill(&mut grow, n);
+            stores.push(("grow".into(), Box::new(grow)));
+            for block_len in BLOCK_LENS {
+                let config = PoolConfig {
+                    block_len,
+                    budget: usize::MAX,
+                    key: [0; 32],
+                };
+                let pool = KvPool::new(g, types, config).expect("pool");
+                let mut seq = pool.sequence(n).expect("sequence");
+                fill(&mut seq, n);
+                stores.push((format!("B{block_len}"), Box::new(seq)));
+            }
+            let q =
+                Array3::from_shape_vec((rows, HEADS, HEAD_DIM), values(rows * HEADS * HEAD_DIM, 6))
+                    .expect("shape");
+            let mut out = Array3::<f32>::zeros((rows, HEADS, HEAD_DIM));
+            let positions: Vec<usize> = (n - rows..n).collect();
+            let params = AttnParams::causal(HEAD_DIM);
+            group.throughput(Throughput::Elements(
+                (4 * rows * HEADS * HEAD_DIM * n) as u64,
+            ));
+            for be in [&b.simd as &dyn Backend, &b.rayon] {
+                for (name, kv) in &stores {
+                    let view = kv.view(0).expect("view");
+                    let id = BenchmarkId::new(format!("{}/{ty}/{rows}q/{name}", be.name()), n);
+                    group.bench_function(id, |bench| {
+                        bench.iter(|| {
+                            be.attention(
+                                black_box(q.view()),
+                                &positions,
+                                &view,
+                                &params,
+                                out.view_mut(),
+                            )
+                            .expect("attention")
+                        })
+                    });
+                }
+            }
+        }
+    }
+    group.finish();
+}
+
 /// Wrapping sum of `words` (a plain streaming read).
 fn sum(words: &[u64]) -> u64 {
     words.iter().fold(0u64, |a, &w| a.wrapping_add(w))
@@ -272,5 +353,13 @@ fn bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(kernels, bandwidth, gemv, gemv_q8, gemm, attention);
+criterion_group!(
+    kernels,
+    bandwidth,
+    gemv,
+    gemv_q8,
+    gemm,
+    attention,
+    attention_paged
+);
 criterion_main!(kernels);

@@ -2,15 +2,26 @@
 //! stable: each file in `fuzz/corpus/kv_growth` is decoded with `Scenario::from_bytes`,
 //! each in `fuzz/corpus/kv_window` with `Scenario::from_window_bytes` (as the targets
 //! do), and must run with no divergence between the specification store, `DenseKv`,
-//! `GrowKv` and `WindowKv`. An empty or missing corpus directory fails.
+//! `GrowKv` and `WindowKv`; each in `fuzz/corpus/kv_pool` with
+//! `PoolScenario::from_bytes` on a paged pool beside one `DenseKv` per sequence. An
+//! empty or missing corpus directory fails.
 
 use std::fs;
 use std::path::Path;
 
 use kvcore_test_support::kv_diff::{Scenario, run};
+use kvcore_test_support::pool_diff::{self, PoolScenario};
 
 /// Replays `fuzz/corpus/<target>`, decoding each file with `decode`.
 fn replay<E: std::fmt::Display>(target: &str, decode: fn(&[u8]) -> Result<Scenario, E>) {
+    each_input(target, |bytes| {
+        let scenario = decode(bytes).map_err(|e| format!("decoding: {e}"))?;
+        run(&scenario).map_err(|d| d.to_string())
+    });
+}
+
+/// Runs `check` on every file of `fuzz/corpus/<target>`.
+fn each_input(target: &str, check: impl Fn(&[u8]) -> Result<(), String>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz/corpus")
         .join(target);
@@ -22,10 +33,8 @@ fn replay<E: std::fmt::Display>(target: &str, decode: fn(&[u8]) -> Result<Scenar
     assert!(!files.is_empty(), "{} holds no inputs", dir.display());
     for path in &files {
         let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let scenario =
-            decode(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()));
-        if let Err(divergence) = run(&scenario) {
-            panic!("{}: {divergence}", path.display());
+        if let Err(e) = check(&bytes) {
+            panic!("{}: {e}", path.display());
         }
     }
 }
@@ -38,4 +47,12 @@ fn kv_growth_corpus_replays_without_divergence() {
 #[test]
 fn kv_window_corpus_replays_without_divergence() {
     replay("kv_window", Scenario::from_window_bytes);
+}
+
+#[test]
+fn kv_pool_corpus_replays_without_divergence() {
+    each_input("kv_pool", |bytes| {
+        let scenario = PoolScenario::from_bytes(bytes).map_err(|e| format!("decoding: {e}"))?;
+        pool_diff::run(&scenario).map_err(|d| d.to_string())
+    });
 }

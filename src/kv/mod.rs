@@ -29,6 +29,9 @@
 //! - [`GrowKv`] starts at `min(64, max_ctx)` positions and doubles on demand, up to the
 //!   hard `max_ctx` ceiling, re-laying out its rows with one memcpy per layer.
 //!
+//! - [`PagedKv`] is one sequence in a [`KvPool`]: blocks of positions shared between
+//!   sequences (forks, a prefix cache keyed by a chained hash of the tokens) and copied
+//!   on write, under the pool's byte budget (`paged.rs`).
 //! - [`WindowKv`] gives each layer a window or none: global layers grow as `GrowKv`,
 //!   sliding-window layers keep a ring of their last `w` positions (growing on demand up
 //!   to `w` slots), so a window layer costs at most `w` positions however long the
@@ -47,6 +50,7 @@
 mod dense;
 mod elem;
 mod grow;
+mod paged;
 mod rows;
 mod view;
 mod window;
@@ -54,6 +58,7 @@ mod window;
 pub use dense::DenseKv;
 pub use elem::{BlockQ8_0, Q8_0_BLOCK, encode_q8_0, hadamard, rotation_len};
 pub use grow::GrowKv;
+pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
 pub use view::{KvRows, KvSegment, KvView};
 pub use window::WindowKv;
 
@@ -318,6 +323,30 @@ pub enum KvError {
         /// The rows' type.
         found: KvType,
     },
+    /// [`KvPool::new`] with blocks of 0 positions.
+    #[error("a KV pool needs blocks of at least one position")]
+    ZeroBlockLen,
+    /// A [`PagedKv`] append needing blocks its pool's byte budget cannot give, even
+    /// after evicting every idle cached block (none is evicted then).
+    #[error(
+        "KV pool full: {needed} more bytes of blocks needed, {used} of the {budget}-byte budget in use"
+    )]
+    PoolFull {
+        /// Bytes of the blocks asked for.
+        needed: usize,
+        /// Bytes of blocks alive.
+        used: usize,
+        /// The pool's budget.
+        budget: usize,
+    },
+    /// [`PagedKv::publish`] with token ids that are not one per position held.
+    #[error("{ids} token ids given for a sequence of {len} positions")]
+    TokenCount {
+        /// Ids given.
+        ids: usize,
+        /// Positions held.
+        len: usize,
+    },
     /// A segment whose positions run past `usize::MAX`.
     #[error("a segment of {len} slots at position {start} overflows")]
     PositionOverflow {
@@ -416,8 +445,9 @@ pub trait KvStore: Send {
     /// [`begin`](KvStore::begin).
     fn rollback(&mut self);
 
-    /// Keeps positions `0 .. min(n, len)` and drops the rest; capacity is kept. Discards
-    /// an open append first.
+    /// Keeps positions `0 .. min(n, len)` and drops the rest; capacity is kept (a
+    /// [`PagedKv`] gives the blocks past `n` back to its pool). Discards an open append
+    /// first.
     ///
     /// Errors with [`KvError::BehindWindow`], changing nothing (an open append stays
     /// open), when `0 < n < len` and the store can no longer hold what a query at `n`

@@ -721,7 +721,7 @@ struct Snapshot {
 }
 
 /// Positions, then the stored bytes of K and of V in view order.
-type LayerBits = (Vec<usize>, Vec<u8>, Vec<u8>);
+pub(crate) type LayerBits = (Vec<usize>, Vec<u8>, Vec<u8>);
 
 /// The bytes of K and V rows for one position of `kv_dim` values.
 fn position_bytes(kv_dim: usize, types: (KvType, KvType)) -> usize {
@@ -749,7 +749,7 @@ fn rows_bytes(rows: KvRows<'_>) -> Vec<u8> {
     }
 }
 
-fn layer_bits(kv: &dyn KvStore, layer: usize) -> Result<LayerBits, String> {
+pub(crate) fn layer_bits(kv: &dyn KvStore, layer: usize) -> Result<LayerBits, String> {
     let view = kv
         .view(layer)
         .map_err(|e| format!("view({layer}) failed: {e}"))?;
@@ -819,7 +819,7 @@ fn differs(layer: usize, name: &str, got: &LayerBits, want: &LayerBits) -> Strin
 
 /// Whether layer `layer` of `a` and `b` holds the same positions and bits (compared
 /// without copying).
-fn same_layer(a: &dyn KvStore, b: &dyn KvStore, layer: usize) -> Result<bool, String> {
+pub(crate) fn same_layer(a: &dyn KvStore, b: &dyn KvStore, layer: usize) -> Result<bool, String> {
     let failed = |e: KvError| format!("view({layer}) failed: {e}");
     let (va, vb) = (
         a.view(layer).map_err(failed)?,

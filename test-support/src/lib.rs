@@ -4,6 +4,9 @@
 //! - [`kv_diff`]: the differential checker of the KV stores ([`kv_diff::SpecKv`], the
 //!   specification store, and [`kv_diff::run`]), for the property tests and the
 //!   `kv_growth` and `kv_window` fuzz targets, and for anyone writing a store of their own;
+//! - [`pool_diff`]: the differential checker of the paged KV pool (many sequences, forks,
+//!   the prefix cache, the budget) against one dense store per sequence, with the pool's
+//!   books audited, for the property tests and the `kv_pool` fuzz target;
 //! - [`tiny`]: tiny random Llama models as in-memory GGUF files;
 //! - [`faults`]: fault injection (a backend that fails its `k`-th kernel call, an
 //!   allocation gate that refuses the `k`-th allocation);
@@ -17,5 +20,6 @@
 pub mod conformance;
 pub mod faults;
 pub mod kv_diff;
+pub mod pool_diff;
 pub mod session;
 pub mod tiny;
