@@ -8,13 +8,19 @@
 //! positions, prefilled once and untimed; each repetition starts from a fork of that
 //! store (at depth 0, a fresh one). Token ids are a fixed pseudo-random sequence, as
 //! llama-bench uses random tokens.
+//!
+//! With `--sequences S` (a list), each `tg N` runs once per `S` as `S` concurrent
+//! sequences, each on its own fork of the store at depth D, decoded together by `N`
+//! batched steps (`Llama::forward_batch`, one token per sequence per step): the
+//! aggregate rate `S·N / time` is reported (test `tg N x S`). `S = 1` is the plain decode
+//! loop.
 
 use crate::backends::{self, BackendChoice, Job, KvChoice};
 use crate::commands::peak_rss_bytes;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::gguf::GgufFile;
-use kvcore::model::{Activations, Llama, Logits};
+use kvcore::model::{Activations, BatchSeq, Llama, Logits};
 use kvcore::{Backend, KvStore, KvType};
 use std::time::Instant;
 
@@ -28,10 +34,13 @@ pub struct BenchRow {
     pub kv_type: String,
     /// `"f32"` or `"q8"`.
     pub activations: String,
-    /// `"pp64"`, `"tg128"`, `"tg128 @ d4096"`, ...
+    /// `"pp64"`, `"tg128"`, `"tg128 @ d4096"`, `"tg32 x8 @ d64"` (8 sequences), ...
     pub test: String,
+    /// Sequences decoded together (1 but for `tg` with `--sequences`).
+    pub sequences: usize,
     /// Positions in the cache before the test.
     pub depth: usize,
+    /// Tokens processed in one repetition (all sequences').
     pub tokens: usize,
     /// Tokens per second of each repetition, in run order.
     pub tok_s: Vec<f64>,
@@ -59,6 +68,8 @@ pub struct Plan {
     pub kv_types: Vec<(KvType, KvType)>,
     pub activations: Vec<Activations>,
     pub ctx: usize,
+    /// Concurrent sequences of each `tg` test, each measured (`[1]`: plain decode).
+    pub sequences: Vec<usize>,
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
@@ -97,31 +108,34 @@ impl Job for BenchJob<'_> {
         let c = model.config().clone();
         let ctx = self.plan.ctx.min(c.context_len);
         let mut rows = Vec::new();
-        let tests = self
-            .plan
-            .prompt_sizes
-            .iter()
-            .map(|&n| (true, n))
-            .chain(self.plan.gen_sizes.iter().map(|&n| (false, n)));
-        let tests: Vec<_> = self
-            .plan
-            .depths
-            .iter()
-            .flat_map(|&d| {
-                let tests = tests.clone();
-                self.plan.kv_types.iter().flat_map(move |&kt| {
+        let sequences = &self.plan.sequences;
+        let tests = self.plan.prompt_sizes.iter().map(|&n| (true, n, 1)).chain(
+            self.plan
+                .gen_sizes
+                .iter()
+                .flat_map(|&n| sequences.iter().map(move |&s| (false, n, s))),
+        );
+        let tests: Vec<_> =
+            self.plan
+                .depths
+                .iter()
+                .flat_map(|&d| {
                     let tests = tests.clone();
-                    self.plan
-                        .activations
-                        .iter()
-                        .flat_map(move |&a| tests.clone().map(move |(p, n)| (d, kt, a, p, n)))
+                    self.plan.kv_types.iter().flat_map(move |&kt| {
+                        let tests = tests.clone();
+                        self.plan.activations.iter().flat_map(move |&a| {
+                            tests.clone().map(move |(p, n, s)| (d, kt, a, p, n, s))
+                        })
+                    })
                 })
-            })
-            .collect();
+                .collect();
         // The store prefilled to a depth with a pair of types, reused by its tests.
         let mut at_depth: Option<(Prefilled, Box<dyn KvStore>)> = None;
-        for (depth, types, acts, prefill, n) in tests {
+        for (depth, types, acts, prefill, n, seqs) in tests {
             model = model.with_activations(acts);
+            if seqs == 0 {
+                bail!("--sequences must be at least 1");
+            }
             if n == 0 || depth + n > ctx {
                 bail!(
                     "test size {n} at depth {depth} must be between 1 and the context ({ctx}) minus the depth"
@@ -137,14 +151,22 @@ impl Job for BenchJob<'_> {
                 at_depth = Some(((depth, types), kv));
             }
             let base = &at_depth.as_ref().expect("just set").1;
-            let ids = tokens(n, c.vocab_size);
+            // Each sequence its own ids: `[seqs][n]`.
+            let ids = tokens(n * seqs, c.vocab_size);
             let mut tok_s = Vec::new();
             let mut kv_bytes = 0;
             // One warm-up repetition, then the timed ones.
             for rep in 0..=self.plan.reps {
-                let (secs, bytes) = time_once(&model, base.fork_boxed()?, &ids, prefill)?;
+                let (secs, bytes) = if seqs == 1 {
+                    time_once(&model, base.fork_boxed()?, &ids, prefill)?
+                } else {
+                    let stores = (0..seqs)
+                        .map(|_| base.fork_boxed())
+                        .collect::<Result<Vec<_>, _>>()?;
+                    time_batched(&model, stores, &ids)?
+                };
                 if rep > 0 {
-                    tok_s.push(n as f64 / secs);
+                    tok_s.push((n * seqs) as f64 / secs);
                 }
                 kv_bytes = bytes;
                 self.bar.inc(1);
@@ -155,12 +177,20 @@ impl Job for BenchJob<'_> {
                 kv: self.plan.kv.to_string(),
                 kv_type: crate::commands::kv_types_name(types),
                 activations: acts.name().to_string(),
-                test: match depth {
-                    0 => format!("{}{n}", if prefill { "pp" } else { "tg" }),
-                    d => format!("{}{n} @ d{d}", if prefill { "pp" } else { "tg" }),
+                test: {
+                    let kind = if prefill { "pp" } else { "tg" };
+                    let x = match seqs {
+                        1 => String::new(),
+                        s => format!(" x{s}"),
+                    };
+                    match depth {
+                        0 => format!("{kind}{n}{x}"),
+                        d => format!("{kind}{n}{x} @ d{d}"),
+                    }
                 },
+                sequences: seqs,
                 depth,
-                tokens: n,
+                tokens: n * seqs,
                 median_tok_s: median(&tok_s),
                 min_tok_s: tok_s.iter().copied().fold(f64::INFINITY, f64::min),
                 max_tok_s: tok_s.iter().copied().fold(0.0, f64::max),
@@ -191,6 +221,28 @@ fn time_once<B: Backend, K: KvStore>(
     Ok((t.elapsed().as_secs_f64(), kv.bytes()))
 }
 
+/// Seconds for `ids.len() / stores.len()` batched decode steps of every store together
+/// (store `i` decodes `ids[i·n .. (i + 1)·n]`, one token per step), and the stores' KV
+/// bytes after.
+fn time_batched<B: Backend>(
+    model: &Llama<B>,
+    mut stores: Vec<Box<dyn KvStore>>,
+    ids: &[u32],
+) -> anyhow::Result<(f64, usize)> {
+    let n = ids.len() / stores.len();
+    let t = Instant::now();
+    for step in 0..n {
+        let mut seqs: Vec<BatchSeq<'_, dyn KvStore>> = stores
+            .iter_mut()
+            .zip(ids.chunks_exact(n))
+            .map(|(kv, ids)| BatchSeq::new(kv.as_mut(), &ids[step..step + 1], Logits::Last))
+            .collect();
+        model.forward_batch(&mut seqs)?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok((secs, stores.iter().map(|kv| kv.bytes()).sum()))
+}
+
 /// Runs the plan for every backend and thread count.
 pub fn run(
     path: &std::path::Path,
@@ -211,7 +263,7 @@ pub fn run(
             }
         }
     }
-    let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len())
+    let per_combo = (plan.prompt_sizes.len() + plan.gen_sizes.len() * plan.sequences.len())
         * plan.activations.len()
         * plan.kv_types.len()
         * plan.depths.len()

@@ -673,6 +673,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
         kv_types: a.kv_types.pairs(),
         activations: a.activations.clone(),
         ctx: a.ctx.unwrap_or(usize::MAX),
+        sequences: a.sequences.clone(),
     };
     let rows = crate::bench::run(&path, &a.backend, &threads, &plan)?;
     if a.json {

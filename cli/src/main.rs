@@ -371,6 +371,11 @@ struct BenchArgs {
         default_value = "0"
     )]
     depth: Vec<usize>,
+    /// Concurrent sequences of each generation test, comma-separated: each sequence on
+    /// its own copy of the cache at the depth, all decoded together by batched steps
+    /// (one forward pass per step); the aggregate tokens/s is reported.
+    #[arg(short = 's', long, value_delimiter = ',', default_value = "1")]
+    sequences: Vec<usize>,
     /// Timed repetitions of each test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,

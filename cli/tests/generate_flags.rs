@@ -492,6 +492,67 @@ fn chat_takes_system_stop_and_sampling_flags() {
     );
 }
 
+/// `bench -s`: each generation test once per number of concurrent sequences, decoded
+/// together; the tokens counted are all the sequences', the KV bytes all their stores'.
+#[test]
+fn bench_decodes_concurrent_sequences() {
+    let model = smollm2();
+    let (stdout, _) = succeeds(&kvcore(
+        &[
+            "bench",
+            &model,
+            "-p",
+            "2",
+            "-n",
+            "3",
+            "-d",
+            "10",
+            "-s",
+            "1,4",
+            "-r",
+            "1",
+            "--backend",
+            "simd",
+            "--json",
+        ],
+        "",
+    ));
+    let rows: Value = serde_json::from_str(&stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let labels: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap(),
+                uint(r, "sequences"),
+                uint(r, "tokens"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("pp2 @ d10", 1, 2),
+            ("tg3 @ d10", 1, 3),
+            ("tg3 x4 @ d10", 4, 12)
+        ]
+    );
+    // Four stores of 13 positions each hold at least four times one store's rows.
+    assert!(
+        uint(&rows[2], "kv_bytes") >= 4 * uint(&rows[1], "kv_bytes"),
+        "{rows:?}"
+    );
+    let out = kvcore(
+        &["bench", &model, "-p", "1", "-n", "1", "-s", "0", "-r", "1"],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--sequences must be at least 1"),
+        "{stderr}"
+    );
+}
+
 /// `bench -d`: each test runs on a cache that already holds D positions.
 #[test]
 fn bench_runs_at_depth() {

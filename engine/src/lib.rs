@@ -145,20 +145,25 @@ impl Error {
                 _ => ErrorKind::ModelFile,
             }
         }
-        match self {
-            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
-            Error::PromptTooLong { .. } => ErrorKind::ContextOverflow,
-            Error::Open { source, .. } => gguf(source),
-            Error::Fetch(_) => ErrorKind::Fetch,
-            Error::Model(m) => match m {
+        fn model(m: &ModelError) -> ErrorKind {
+            match m {
                 ModelError::Kv(e) => kv(e),
                 ModelError::Gguf(e) => gguf(e),
                 ModelError::TokenOutOfRange { .. }
                 | ModelError::EmptyInput
                 | ModelError::Sampling { .. }
                 | ModelError::NonFinite { .. } => ErrorKind::InvalidArgument,
+                // One sequence of a batch: the class of what was wrong with it.
+                ModelError::Sequence { error, .. } => model(error),
                 _ => ErrorKind::ModelFile,
-            },
+            }
+        }
+        match self {
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::PromptTooLong { .. } => ErrorKind::ContextOverflow,
+            Error::Open { source, .. } => gguf(source),
+            Error::Fetch(_) => ErrorKind::Fetch,
+            Error::Model(m) => model(m),
             Error::Kv(e) => kv(e),
             Error::Tokenizer(TokenizerError::UnknownId { .. }) => ErrorKind::InvalidArgument,
             Error::Tokenizer(_) => ErrorKind::Tokenizer,

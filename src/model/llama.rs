@@ -29,20 +29,30 @@
 //! the optional steps, Gemma 3 all of them (see `config`). Weights stay in the memory-mapped file in their stored
 //! format; only the tiny norm vectors are decoded to f32 at load.
 //!
+//! The same loop runs several sequences at once ([`Llama::forward_batch`], `batch.rs`):
+//! their new tokens are stacked as the rows of `x: [N, d_model]`, every step above runs
+//! once over all `N` rows, except the K/V writes and attention, which run per sequence
+//! (a `Span`: its rows and first position) on its own open append. A single-sequence
+//! pass is a batch of one; there is one layer loop (`blocks`), one logits head
+//! (`logits`) and one commit sequence (`pass`).
+//!
 //! Activations are f32 by default. With [`Activations::Q8`] (llama.cpp's numerics) a
 //! pass of up to [`Q8_MAX_TOKENS`] tokens quantises each matmul input to 8 bits once —
 //! `xn` for q/k/v and for gate/up, the attention output, the SwiGLU output, the final
 //! `xn`, each token's row on its own — and runs the block-quantised matrices through
 //! `Backend::gemv_q8` (one token) or `Backend::gemm_q8` (a few, bit for bit each token's
 //! GEMV), with integer dot products (see `backend::q8`). Plain-format matrices and longer
-//! passes (a prefill of more tokens: f32 GEMM) stay f32.
+//! passes (a prefill of more tokens: f32 GEMM) stay f32. In a batch the rule is per
+//! sequence (its rows are quantised when it brings at most `Q8_MAX_TOKENS` tokens), so
+//! every sequence computes as it would alone.
 
 use super::{FfnActivation, LlamaConfig, ModelError};
 use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
 use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, KvType, WindowKv};
-use ndarray::{Array2, Axis};
+use ndarray::{Array2, Axis, s};
 use std::cell::OnceCell;
+use std::ops::Range;
 
 /// Which rows of logits a forward pass computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,15 +97,30 @@ impl Activations {
 }
 
 /// A matmul input shared by the matmuls that read it: the f32 rows and, when 8-bit
-/// activations apply, their quantised forms, one per [`Q8Layout`] (`[Q8_0, Q8_K]`), each
-/// computed the first time a matrix needs it and then shared: `Q8_0` blocks of 32 for
-/// `Q8_0`/`Q4_*`/`Q5_0` matrices, `Q8_K` blocks of 256 for `Q4_K`/`Q6_K` (Gemma 3's
-/// `ffn_down` is `Q4_K` in some layers and `Q6_K` in others, its `attn_v` `Q5_0` or
-/// `Q8_0`), so an input is quantised at most once per layout.
+/// activations apply to some of them, their quantised forms, one per [`Q8Layout`]
+/// (`[Q8_0, Q8_K]`), each computed the first time a matrix needs it and then shared:
+/// `Q8_0` blocks of 32 for `Q8_0`/`Q4_*`/`Q5_0` matrices, `Q8_K` blocks of 256 for
+/// `Q4_K`/`Q6_K` (Gemma 3's `ffn_down` is `Q4_K` in some layers and `Q6_K` in others, its
+/// `attn_v` `Q5_0` or `Q8_0`), so an input is quantised at most once per layout.
+///
+/// In a batch the rows are several sequences' stacked; each sequence's rows are
+/// quantised or not as that sequence alone would be (see [`Llama::input`]).
 struct Input<'x> {
     x: &'x Array2<f32>,
-    /// Per layout, one quantised row per token.
-    q8: Option<[OnceCell<Vec<Q8Acts>>; 2]>,
+    /// The rows quantised to 8 bits, ascending (empty: none, the f32 path).
+    q8_rows: Vec<usize>,
+    /// Per layout, one quantised row per entry of `q8_rows`.
+    q8: [OnceCell<Vec<Q8Acts>>; 2],
+}
+
+/// One sequence's share of a forward pass: the position of its first token and its rows
+/// in the pass's stacked `[N, ·]` activations (never empty).
+#[derive(Clone, Debug)]
+pub(super) struct Span {
+    /// Position of the sequence's first new token in its store.
+    pub(super) at: usize,
+    /// Its rows of the stacked tokens.
+    pub(super) rows: Range<usize>,
 }
 
 /// Index of a matrix tensor in the file, with its shape checked at load.
@@ -295,33 +320,51 @@ impl<B: Backend> Llama<B> {
             .expect("tensor validated at load")
     }
 
-    /// `x` as a matmul input, to be quantised to 8 bits too (on first use, per layout)
-    /// when the model uses [`Activations::Q8`] and `x` is at most [`Q8_MAX_TOKENS`] tokens.
-    fn input<'x>(&self, x: &'x Array2<f32>) -> Result<Input<'x>, ModelError> {
-        let q8 = (self.activations == Activations::Q8 && x.nrows() <= Q8_MAX_TOKENS)
-            .then(|| [OnceCell::new(), OnceCell::new()]);
-        Ok(Input { x, q8 })
+    /// `x` as a matmul input, `x` being the rows of sequences of `groups[i]` rows each (in
+    /// order): a sequence's rows are to be quantised to 8 bits too (on first use, per
+    /// layout) when the model uses [`Activations::Q8`] and the sequence has at most
+    /// [`Q8_MAX_TOKENS`] rows in `x` — what a pass of that sequence alone would do, so a
+    /// batch keeps every sequence on its own numerics.
+    fn input<'x>(&self, x: &'x Array2<f32>, groups: &[usize]) -> Input<'x> {
+        debug_assert_eq!(groups.iter().sum::<usize>(), x.nrows());
+        let mut q8_rows = Vec::new();
+        if self.activations == Activations::Q8 {
+            let mut start = 0;
+            for &len in groups {
+                if len <= Q8_MAX_TOKENS {
+                    q8_rows.extend(start..start + len);
+                }
+                start += len;
+            }
+        }
+        Input {
+            x,
+            q8_rows,
+            q8: [OnceCell::new(), OnceCell::new()],
+        }
     }
 
-    /// `x` quantised in `layout`: computed on the first call, then shared.
+    /// The rows `x.q8_rows` quantised in `layout` (`None` when there are none): computed
+    /// on the first call, then shared.
     fn input_q8<'i>(
         &self,
         x: &'i Input<'_>,
         layout: Q8Layout,
     ) -> Result<Option<&'i [Q8Acts]>, ModelError> {
-        let Some(cells) = &x.q8 else {
+        if x.q8_rows.is_empty() {
             return Ok(None);
-        };
-        let cell = &cells[match layout {
+        }
+        let cell = &x.q8[match layout {
             Q8Layout::Q8_0 => 0,
             Q8Layout::Q8_K => 1,
         }];
         if let Some(q) = cell.get() {
             return Ok(Some(q));
         }
-        let mut rows = Vec::with_capacity(x.x.nrows());
-        for row in x.x.rows() {
+        let mut rows = Vec::with_capacity(x.q8_rows.len());
+        for &r in &x.q8_rows {
             let mut q = Q8Acts::new();
+            let row = x.x.row(r);
             let xs = row.to_slice().expect("activations are standard-layout");
             self.backend.quantize_q8(layout, xs, &mut q)?;
             rows.push(q);
@@ -329,26 +372,67 @@ impl<B: Backend> Llama<B> {
         Ok(Some(cell.get_or_init(|| rows)))
     }
 
-    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several (with the
-    /// 8-bit input in the layout `W`'s format meets, when the model uses 8-bit
-    /// activations, `W` is block-quantised and `n ≤ Q8_MAX_TOKENS`).
+    /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several; with the
+    /// 8-bit input in the layout `W`'s format meets for the rows `x.q8_rows` when `W` is
+    /// block-quantised. When only some rows are quantised (a batch mixing sequences of a
+    /// few tokens with longer ones), the quantised rows go through `gemm_q8` and the
+    /// others through the f32 GEMM, each row as its sequence alone would.
     fn matmul(&self, m: MatRef, x: &Input<'_>) -> Result<Array2<f32>, ModelError> {
         let w = self.weights(m);
         let n = x.x.nrows();
         let mut y = Array2::<f32>::zeros((n, w.rows()));
-        let xs = x.x.as_slice().expect("activations are standard-layout");
-        let ys = y.as_slice_mut().expect("fresh array is standard-layout");
         let q = match Q8Layout::of(w.dtype()) {
             Some(layout) => self.input_q8(x, layout)?,
             None => None,
         };
-        match q {
-            Some([q]) => self.backend.gemv_q8(&w, q, ys)?,
-            Some(q) => self.backend.gemm_q8(&w, q, ys)?,
-            None if n == 1 => self.backend.gemv(&w, xs, ys)?,
-            None => self.backend.gemm(&w, xs, ys)?,
+        let Some(q) = q else {
+            self.matmul_f32(&w, x.x, &mut y)?;
+            return Ok(y);
+        };
+        if q.len() == n {
+            self.matmul_q8(&w, q, std_slice_mut(&mut y))?;
+            return Ok(y);
+        }
+        let f32_rows: Vec<usize> = (0..n)
+            .filter(|r| x.q8_rows.binary_search(r).is_err())
+            .collect();
+        let xf = x.x.select(Axis(0), &f32_rows); // [n − q8 rows, cols]
+        let mut yf = Array2::<f32>::zeros((f32_rows.len(), w.rows()));
+        self.matmul_f32(&w, &xf, &mut yf)?;
+        let mut yq = Array2::<f32>::zeros((q.len(), w.rows()));
+        self.matmul_q8(&w, q, std_slice_mut(&mut yq))?;
+        for (rows, part) in [(&f32_rows, &yf), (&x.q8_rows, &yq)] {
+            for (&r, row) in rows.iter().zip(part.rows()) {
+                y.row_mut(r).assign(&row);
+            }
         }
         Ok(y)
+    }
+
+    /// `y ← x Wᵀ` in f32, `x: [n ≥ 1, cols]`: a GEMV for one row, else a GEMM.
+    fn matmul_f32(
+        &self,
+        w: &Weights<'_>,
+        x: &Array2<f32>,
+        y: &mut Array2<f32>,
+    ) -> Result<(), ModelError> {
+        let xs = x.as_slice().expect("activations are standard-layout");
+        let ys = std_slice_mut(y);
+        match x.nrows() {
+            1 => self.backend.gemv(w, xs, ys)?,
+            _ => self.backend.gemm(w, xs, ys)?,
+        }
+        Ok(())
+    }
+
+    /// `y ← x̂ Wᵀ` with 8-bit activations, one quantised row per token: a GEMV for one,
+    /// else `gemm_q8` (each row bit for bit its GEMV).
+    fn matmul_q8(&self, w: &Weights<'_>, q: &[Q8Acts], y: &mut [f32]) -> Result<(), ModelError> {
+        match q {
+            [q] => self.backend.gemv_q8(w, q, y)?,
+            q => self.backend.gemm_q8(w, q, y)?,
+        }
+        Ok(())
     }
 
     fn rms_norm(&self, x: &Array2<f32>, weight: &[f32]) -> Result<Array2<f32>, ModelError> {
@@ -393,12 +477,34 @@ impl<B: Backend> Llama<B> {
             return Ok(Array2::zeros((0, self.config.vocab_size)));
         }
         self.backend.scope(|| {
-            let mut tx = Append::begin(kv, at, tokens.len())?;
-            let x = self.blocks(&mut tx, at, tokens)?; // [n, d_model]
-            let out = self.logits(x, logits)?;
-            tx.commit()?;
-            Ok(out)
+            let tx = Append::begin(kv, at, tokens.len())?;
+            let span = Span {
+                at,
+                rows: 0..tokens.len(),
+            };
+            let mut out = self.pass(vec![tx], &[span], tokens, &[logits])?;
+            Ok(out.pop().expect("one sequence, one result"))
         })
+    }
+
+    /// One forward pass over the sequences of `spans`, whose open appends are `txs` (in
+    /// the same order) and whose tokens are stacked in `tokens` (`[N]`, each span's rows
+    /// its tokens): the blocks, each sequence's `logits`, then every commit. The
+    /// single-sequence pass is this with one span. On error every append not yet
+    /// committed is dropped, rolling its store back.
+    pub(super) fn pass<K: KvStore + ?Sized>(
+        &self,
+        mut txs: Vec<Append<'_, K>>,
+        spans: &[Span],
+        tokens: &[u32],
+        logits: &[Logits],
+    ) -> Result<Vec<Array2<f32>>, ModelError> {
+        let x = self.blocks(&mut txs, spans, tokens)?; // [N, d_model]
+        let out = self.logits(x, spans, logits)?;
+        for tx in txs {
+            tx.commit()?;
+        }
+        Ok(out)
     }
 
     /// The model's KV geometry, as every store it runs on must have.
@@ -408,7 +514,11 @@ impl<B: Backend> Llama<B> {
 
     /// Checks that `kv` has this model's geometry, keeps every position each layer can
     /// see, and that every token is in the vocabulary.
-    fn check_inputs<K: KvStore + ?Sized>(&self, kv: &K, tokens: &[u32]) -> Result<(), ModelError> {
+    pub(super) fn check_inputs<K: KvStore + ?Sized>(
+        &self,
+        kv: &K,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
         let expected = self.kv_geometry();
         if kv.geometry() != expected {
             return Err(ModelError::KvGeometry {
@@ -436,35 +546,76 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// The requested logits rows of the residual stream `x: [n, d_model]`, `[rows, vocab]`.
-    fn logits(&self, x: Array2<f32>, logits: Logits) -> Result<Array2<f32>, ModelError> {
-        let n = x.nrows();
-        let rows = match logits {
-            Logits::None => return Ok(Array2::zeros((0, self.config.vocab_size))),
-            Logits::Last => x
-                .slice_axis(Axis(0), ndarray::Slice::from(n - 1..))
-                .to_owned(),
-            Logits::All => x,
+    /// The requested logits rows of the residual stream `x: [N, d_model]`, per span:
+    /// `[rows, vocab]` with `rows` the last of the span's rows ([`Logits::Last`]), all of
+    /// them ([`Logits::All`]) or none. The output norm and matrix run once over the rows
+    /// every sequence asked for.
+    fn logits(
+        &self,
+        x: Array2<f32>,
+        spans: &[Span],
+        logits: &[Logits],
+    ) -> Result<Vec<Array2<f32>>, ModelError> {
+        let vocab = self.config.vocab_size;
+        let wanted: Vec<Range<usize>> = spans
+            .iter()
+            .zip(logits)
+            .map(|(span, l)| match l {
+                Logits::None => span.rows.end..span.rows.end,
+                Logits::Last => span.rows.end - 1..span.rows.end,
+                Logits::All => span.rows.clone(),
+            })
+            .collect();
+        let counts: Vec<usize> = wanted.iter().map(ExactSizeIterator::len).collect();
+        if counts.iter().all(|&c| c == 0) {
+            return Ok(counts.iter().map(|_| Array2::zeros((0, vocab))).collect());
+        }
+        let rows = if wanted.len() == 1 && counts[0] == x.nrows() {
+            x // [N, d_model]: all of it
+        } else {
+            let picked: Vec<usize> = wanted.iter().flat_map(Range::clone).collect();
+            x.select(Axis(0), &picked) // [rows, d_model]
         };
         let xn = self.rms_norm(&rows, &self.output_norm)?; // [rows, d_model]
-        self.matmul(self.output, &self.input(&xn)?) // [rows, vocab]
+        let out = self.matmul(self.output, &self.input(&xn, &counts))?; // [rows, vocab]
+        if counts.len() == 1 {
+            return Ok(vec![out]);
+        }
+        let mut start = 0;
+        Ok(counts
+            .iter()
+            .map(|&c| {
+                start += c;
+                out.slice(s![start - c..start, ..]).to_owned()
+            })
+            .collect())
     }
 
-    /// The residual stream after the last block, `[n, d_model]` (before the output norm),
-    /// for `tokens` (`n ≥ 1`) at positions `at ..`, writing their K/V rows into the open
-    /// append `tx`.
+    /// The residual stream after the last block, `[N, d_model]` (before the output norm),
+    /// for the stacked `tokens` of the sequences of `spans` (each span non-empty, its
+    /// tokens at positions `at ..`), writing each sequence's K/V rows into its open
+    /// append (`txs`, in the order of `spans`).
+    ///
+    /// Every step but attention runs once over all `N` rows (the matmuls read each weight
+    /// once for the whole batch; RoPE rotates each row for its own position); attention
+    /// runs per sequence, its query rows against its own store's view.
     fn blocks<K: KvStore + ?Sized>(
         &self,
-        tx: &mut Append<'_, K>,
-        at: usize,
+        txs: &mut [Append<'_, K>],
+        spans: &[Span],
         tokens: &[u32],
     ) -> Result<Array2<f32>, ModelError> {
         let c = &self.config;
         let b = &self.backend;
         let n = tokens.len();
-        let positions: Vec<usize> = (at..at + n).collect();
+        debug_assert_eq!(txs.len(), spans.len());
+        let positions: Vec<usize> = spans
+            .iter()
+            .flat_map(|span| span.at..span.at + span.rows.len())
+            .collect();
+        let groups: Vec<usize> = spans.iter().map(|span| span.rows.len()).collect();
 
-        // x: [n, d_model], the residual stream.
+        // x: [N, d_model], the residual stream.
         let mut x = Array2::<f32>::zeros((n, c.d_model));
         let embd = self.weights(self.token_embd);
         for (row, &id) in x.axis_iter_mut(Axis(0)).zip(tokens) {
@@ -489,13 +640,13 @@ impl<B: Backend> Llama<B> {
             };
 
             // Attention.
-            let xn = self.rms_norm(&x, &blk.attn_norm)?; // [n, d_model]
-            let xn = self.input(&xn)?;
-            let mut q = self.matmul(blk.wq, &xn)?; // [n, q_dim]
-            let mut k = self.matmul(blk.wk, &xn)?; // [n, kv_dim]
-            let v = self.matmul(blk.wv, &xn)?; // [n, kv_dim]
+            let xn = self.rms_norm(&x, &blk.attn_norm)?; // [N, d_model]
+            let xn = self.input(&xn, &groups);
+            let mut q = self.matmul(blk.wq, &xn)?; // [N, q_dim]
+            let mut k = self.matmul(blk.wk, &xn)?; // [N, kv_dim]
+            let v = self.matmul(blk.wv, &xn)?; // [N, kv_dim]
             if let Some((q_norm, k_norm)) = &blk.qk_norm {
-                // Rows of [n·heads, head_dim]: one RMSNorm per head.
+                // Rows of [N·heads, head_dim]: one RMSNorm per head.
                 q = self
                     .rms_norm(
                         &q.into_shape_with_order((n * c.n_heads, c.head_dim))
@@ -515,29 +666,43 @@ impl<B: Backend> Llama<B> {
             }
             b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
             b.rope(std_slice_mut(&mut k), c.head_dim, &positions, &rope)?;
-            tx.write(layer, k.view(), v.view())?; // K/V rows at..at+n
-            let mut att = Array2::<f32>::zeros((n, c.q_dim())); // [n, q_dim]
-            let att_heads = att
+            let mut att = Array2::<f32>::zeros((n, c.q_dim())); // [N, q_dim]
+            let mut att_heads = att
                 .view_mut()
                 .into_shape_with_order((n, c.n_heads, c.head_dim))
-                .expect("standard layout [n, n_heads·head_dim]");
+                .expect("standard layout [N, n_heads·head_dim]");
             let q_heads = q
                 .view()
                 .into_shape_with_order((n, c.n_heads, c.head_dim))
-                .expect("standard layout [n, n_heads·head_dim]");
-            b.attention(q_heads, &positions, &tx.view(layer)?, &params, att_heads)?;
-            let mut o = self.matmul(blk.wo, &self.input(&att)?)?; // [n, d_model]
+                .expect("standard layout [N, n_heads·head_dim]");
+            for (tx, span) in txs.iter_mut().zip(spans) {
+                let r = span.rows.clone();
+                // K/V rows at .. at + len of this sequence.
+                tx.write(
+                    layer,
+                    k.slice(s![r.clone(), ..]),
+                    v.slice(s![r.clone(), ..]),
+                )?;
+                b.attention(
+                    q_heads.slice(s![r.clone(), .., ..]),
+                    &positions[r.clone()],
+                    &tx.view(layer)?,
+                    &params,
+                    att_heads.slice_mut(s![r, .., ..]),
+                )?;
+            }
+            let mut o = self.matmul(blk.wo, &self.input(&att, &groups))?; // [N, d_model]
             if let Some((post_attn, _)) = &blk.post_norms {
                 o = self.rms_norm(&o, post_attn)?;
             }
             self.residual(&mut x, &o)?;
 
             // Feed-forward (SwiGLU or GeGLU).
-            let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [n, d_model]
-            let xn = self.input(&xn)?;
-            let gate = self.matmul(blk.w_gate, &xn)?; // [n, ffn_dim]
-            let up = self.matmul(blk.w_up, &xn)?; // [n, ffn_dim]
-            let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [n, ffn_dim]
+            let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [N, d_model]
+            let xn = self.input(&xn, &groups);
+            let gate = self.matmul(blk.w_gate, &xn)?; // [N, ffn_dim]
+            let up = self.matmul(blk.w_up, &xn)?; // [N, ffn_dim]
+            let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [N, ffn_dim]
             let (g, u, hs) = (
                 gate.as_slice().expect("std"),
                 up.as_slice().expect("std"),
@@ -547,7 +712,7 @@ impl<B: Backend> Llama<B> {
                 FfnActivation::Silu => b.swiglu(g, u, hs)?,
                 FfnActivation::GeluTanh => b.geglu(g, u, hs)?,
             }
-            let mut down = self.matmul(blk.w_down, &self.input(&h)?)?; // [n, d_model]
+            let mut down = self.matmul(blk.w_down, &self.input(&h, &groups))?; // [N, d_model]
             if let Some((_, post_ffw)) = &blk.post_norms {
                 down = self.rms_norm(&down, post_ffw)?;
             }
@@ -577,8 +742,12 @@ impl<B: Backend> Llama<B> {
         let mut kv = GrowKv::new(self.kv_geometry(), tokens.len())?;
         self.check_inputs(&kv, tokens)?;
         let hidden = self.backend.scope(|| {
-            let mut tx = Append::begin(&mut kv, 0, tokens.len())?;
-            self.blocks(&mut tx, 0, tokens)
+            let tx = Append::begin(&mut kv, 0, tokens.len())?;
+            let span = Span {
+                at: 0,
+                rows: 0..tokens.len(),
+            };
+            self.blocks(&mut [tx], &[span], tokens)
         })?; // [n, d_model]
         let normed = self.rms_norm(&hidden, &self.output_norm)?; // [n, d_model]
         let mean = normed.mean_axis(Axis(0)).expect("n > 0"); // [d_model]

@@ -3,14 +3,17 @@
 //!
 //! - [`config`]: hyper-parameters from GGUF metadata;
 //! - [`llama`]: [`Llama`], the forward pass over any `Backend` and `KvStore`;
+//! - [`batch`]: [`Llama::forward_batch`], one pass over several sequences ([`BatchSeq`]);
 //! - [`generate`](mod@generate): samplers, the generation loop and [`GenStats`].
 
+pub mod batch;
 pub mod config;
 pub mod generate;
 pub mod llama;
 pub mod perplexity;
 pub mod sample;
 
+pub use batch::BatchSeq;
 pub use config::{Arch, FfnActivation, LayerConfig, LlamaConfig};
 pub use generate::{GenStats, Generation, generate};
 pub use llama::{Activations, Llama, Logits, Q8_MAX_TOKENS};
@@ -94,6 +97,17 @@ pub enum ModelError {
         store: usize,
         /// The model's window on that layer (`None`: causal).
         model: Option<usize>,
+    },
+    /// [`Llama::forward_batch`]: sequence `index` of the batch was refused — its store's
+    /// geometry or window, a token id, its context overflowing, its store refusing the
+    /// append's allocation (`error` says which). No store of the batch changed.
+    #[error("sequence {index} of the batch: {error}")]
+    Sequence {
+        /// The sequence's index in the batch.
+        index: usize,
+        /// What was wrong with it.
+        #[source]
+        error: Box<ModelError>,
     },
     /// An empty prompt or text where at least one token is needed.
     #[error("empty input")]
