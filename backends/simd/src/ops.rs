@@ -362,8 +362,14 @@ pub(crate) fn attention_part<K: Kernel>(
     mut out: ArrayViewMut3<'_, f32>,
     stats: &mut [PartStat],
 ) -> Result<(), ShapeError> {
-    let segs = kv.segments();
-    for seg in segs {
+    // Every segment of a view has the same element types (`KvView::new`): the first
+    // one answers for all. Only the segments holding some of the part's positions take
+    // part (a paged view has one segment per block: thousands at depth).
+    let all = kv.segments();
+    let lo = all.partition_point(|s| s.start() + s.len() <= positions.start);
+    let hi = lo + all[lo..].partition_point(|s| s.start() < positions.end);
+    let segs = &all[lo..hi];
+    if let Some(seg) = all.first() {
         for (what, rows) in [
             ("attention keys", seg.keys()),
             ("attention values", seg.values()),
