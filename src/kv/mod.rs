@@ -685,6 +685,16 @@ pub fn check_begin(
         })
 }
 
+/// The check every store's [`KvStore::commit`] makes: an append of `n > 0` positions
+/// whose layer `l` was not written (`written[l]` false) is [`KvError::Incomplete`]
+/// naming the first such layer.
+pub fn check_complete(n: usize, written: &[bool]) -> Result<(), KvError> {
+    match written.iter().position(|w| !w) {
+        Some(layer) if n > 0 => Err(KvError::Incomplete { layer }),
+        _ => Ok(()),
+    }
+}
+
 /// The shape check of [`KvStore::write`]: `k` and `v` are `[n, kv_dim]`
 /// ([`KvError::RowShape`], keys first).
 pub fn check_rows(

@@ -81,7 +81,7 @@ use super::elem::Buf;
 use super::rows::checked_size;
 use super::{
     AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
-    check_rows, check_stored,
+    check_complete, check_rows, check_stored,
 };
 
 /// A chained block hash (see the header of `src/kv/paged.rs`).
@@ -742,11 +742,7 @@ impl KvStore for PagedKv {
 
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
-        if p.n > 0 {
-            if let Some(layer) = p.written.iter().position(|w| !w) {
-                return Err(KvError::Incomplete { layer });
-            }
-        }
+        check_complete(p.n, &p.written)?;
         let p = self.pending.take().expect("checked above");
         let b = self.block_len();
         for (i, block) in p.staged.into_iter().enumerate() {

@@ -28,7 +28,7 @@ use ndarray::ArrayView2;
 use super::elem::Buf;
 use super::{
     AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView, check_begin,
-    check_rows, check_stored,
+    check_complete, check_rows, check_stored,
 };
 
 /// K and V rows of every layer with a live capacity; see the module docs.
@@ -271,11 +271,7 @@ impl Rows {
 
     pub(super) fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
-        if p.n > 0 {
-            if let Some(layer) = p.written.iter().position(|w| !w) {
-                return Err(KvError::Incomplete { layer });
-            }
-        }
+        check_complete(p.n, &p.written)?;
         self.len = p.at + p.n;
         self.pending = None;
         Ok(())

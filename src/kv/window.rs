@@ -57,7 +57,7 @@ use super::elem::Buf;
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
     AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
-    check_rows, check_stored,
+    check_complete, check_rows, check_stored,
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
@@ -597,11 +597,7 @@ impl KvStore for WindowKv {
 
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
-        if p.n > 0 {
-            if let Some(layer) = p.written.iter().position(|w| !w) {
-                return Err(KvError::Incomplete { layer });
-            }
-        }
+        check_complete(p.n, &p.written)?;
         self.global.commit()?;
         let p = self.pending.take().expect("checked above");
         let (at, end) = (p.at, p.at + p.n);

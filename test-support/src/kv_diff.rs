@@ -255,7 +255,7 @@ fn arb_windows(u: &mut Unstructured) -> arbitrary::Result<Vec<Option<usize>>> {
 }
 
 /// K and V types from one byte: mostly f32 for both (the reference), else any pair.
-fn arb_types(u: &mut Unstructured) -> arbitrary::Result<(KvType, KvType)> {
+pub(crate) fn arb_types(u: &mut Unstructured) -> arbitrary::Result<(KvType, KvType)> {
     let b = u8::arbitrary(u)?;
     let all = KvType::ALL;
     Ok(if b < 64 {
@@ -694,7 +694,7 @@ impl std::error::Error for Divergence {}
 
 /// A gate that refuses one allocation once armed.
 #[derive(Debug, Default)]
-struct RefuseNext(AtomicBool);
+pub(crate) struct RefuseNext(pub(crate) AtomicBool);
 
 impl AllocGate for RefuseNext {
     fn admit(&self, _bytes: usize) -> bool {

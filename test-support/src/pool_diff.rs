@@ -30,16 +30,15 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvcore::kv::{
-    AllocGate, DenseKv, KvError, KvGeometry, KvPool, KvStore, KvType, PagedKv, PoolConfig,
-    Q8_0_BLOCK,
+    DenseKv, KvError, KvGeometry, KvPool, KvStore, KvType, PagedKv, PoolConfig, Q8_0_BLOCK,
 };
 use kvcore::ndarray::Array2;
 
-use crate::kv_diff::{LayerBits, layer_bits, same_layer};
+use crate::kv_diff::{LayerBits, RefuseNext, arb_types, layer_bits, same_layer};
 
 /// Most sequences alive at once.
 pub const MAX_SEQS: usize = 6;
@@ -201,17 +200,6 @@ fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<PoolOp>> {
     (0..n).map(|_| PoolOp::arbitrary(u)).collect()
 }
 
-fn arb_types(u: &mut Unstructured) -> arbitrary::Result<(KvType, KvType)> {
-    let b = u8::arbitrary(u)?;
-    let all = KvType::ALL;
-    Ok(if b < 64 {
-        (KvType::F32, KvType::F32)
-    } else {
-        let b = usize::from(b - 64);
-        (all[b % all.len()], all[b / all.len() % all.len()])
-    })
-}
-
 /// The first disagreement of a [`run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolDivergence {
@@ -231,16 +219,6 @@ impl fmt::Display for PoolDivergence {
 }
 
 impl std::error::Error for PoolDivergence {}
-
-/// A gate that refuses one allocation once armed.
-#[derive(Debug, Default)]
-struct RefuseNext(AtomicBool);
-
-impl AllocGate for RefuseNext {
-    fn admit(&self, _bytes: usize) -> bool {
-        !self.0.swap(false, Ordering::Relaxed)
-    }
-}
 
 /// The fake model's rows for positions `from .. ids.len()` of layer `layer`: element `i`
 /// of K at position `p` is the bits of a hash of `ids[..=p]`, `layer`, `i` (any bit
