@@ -10,6 +10,7 @@ mod chat;
 mod commands;
 mod info;
 mod perplexity;
+mod serve;
 
 use backends::{BackendChoice, KvChoice, parse_activations, parse_kv_type, parse_logit_bias};
 use clap::{Args, Parser, Subcommand};
@@ -45,6 +46,60 @@ enum Command {
     Info(InfoArgs),
     /// Measure prompt processing (pp) and token generation (tg) speed.
     Bench(BenchArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions, streamed
+    /// or whole), many requests batched together over a paged KV cache with prefix
+    /// caching; SIGTERM or Ctrl-C stops it.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Most requests decoded together in one batch.
+    #[arg(long, default_value_t = 8)]
+    parallel: usize,
+    /// Most requests waiting for a slot; beyond them the server answers 503 with
+    /// Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Bytes of KV cache for every sequence and the prefix cache together (K, M or G
+    /// suffixes).
+    #[arg(long, default_value = "256M", value_parser = serve::parse_bytes)]
+    kv_budget: usize,
+    /// Positions per KV block (the prefix cache shares whole blocks).
+    #[arg(long, default_value_t = 64)]
+    block_len: usize,
+    /// Positions per sequence [default: the model's trained context].
+    #[arg(short = 'c', long)]
+    ctx: Option<usize>,
+    /// Prompt tokens per prefill chunk (rounded up to whole blocks). A prompt is read in
+    /// chunks at multiples of this from its start, so the prefix cache serves it in
+    /// whole chunks: one block (the default) reuses every cached block.
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    /// Most tokens in one forward pass (decode steps and prefill chunks together).
+    #[arg(long, default_value_t = 512)]
+    batch_tokens: usize,
+    /// Activations of the matmuls: f32, or q8 (llama.cpp's numerics, less accurate; a
+    /// request's tokens are then bit for bit the same whatever runs beside it, where
+    /// with f32 they are within rounding).
+    #[arg(long, default_value = "f32", value_parser = parse_activations)]
+    activations: Activations,
+    #[command(flatten)]
+    kv_types: KvTypeArgs,
+    /// Seconds running requests may go on after SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 10.0)]
+    shutdown_timeout: f64,
+    /// The model's name in /v1/models [default: the file's name].
+    #[arg(long)]
+    model_id: Option<String>,
 }
 
 /// Where the model comes from and how it runs.
@@ -414,6 +469,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::perplexity(a),
         Command::Info(a) => info::info(a),
         Command::Bench(a) => commands::bench(a),
+        Command::Serve(a) => serve::serve(a),
     };
     match result {
         Ok(code) => code,

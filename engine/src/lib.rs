@@ -24,8 +24,10 @@ pub use kvcore;
 pub use text::{TextPieces, chat_ids, prompt_ids};
 
 use kvcore::gguf::{GgufError, GgufFile};
+use kvcore::kv::{KvPool, PagedKv, PoolConfig};
 use kvcore::model::generate::GenStats;
-use kvcore::model::{self, Activations, Llama, ModelError, Sampler, SamplerParams};
+use kvcore::model::{self, Activations, BatchSeq, Llama, ModelError, Sampler, SamplerParams};
+use kvcore::ndarray::Array2;
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer, TokenizerError};
 use kvcore::{Backend, KvError, KvStore, KvType, Session, SessionError};
 use kvcore_rayon::Rayon;
@@ -630,6 +632,34 @@ impl Engine {
             stop,
             stats: generation.stats,
         })
+    }
+
+    /// An empty paged KV pool for this model's sequences (see `kvcore::kv::KvPool`):
+    /// blocks of `block_len` positions with the options' K/V types, at most `budget`
+    /// bytes of them alive, the prefix cache's hashes keyed with 32 bytes from the
+    /// operating system's random source, so that no other process can aim a prompt at
+    /// another's cached blocks.
+    pub fn kv_pool(&self, budget: usize, block_len: usize) -> Result<KvPool> {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| {
+            Error::InvalidArgument(format!("no random key for the prefix cache: {e}"))
+        })?;
+        let geometry = with_model!(&self.model, m => m.kv_geometry());
+        let config = PoolConfig {
+            block_len,
+            budget,
+            key,
+        };
+        Ok(KvPool::new(geometry, self.options.kv_types, config)?)
+    }
+
+    /// One forward pass over several sequences of a pool, each appending its tokens at
+    /// its own end: `kvcore::model::Llama::forward_batch` on this engine's backend (the
+    /// matmuls once over every sequence's tokens, attention per sequence). One
+    /// transaction: on error no sequence changes, and an error of one sequence names
+    /// its index (`ModelError::Sequence`).
+    pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_, PagedKv>]) -> Result<Vec<Array2<f32>>> {
+        Ok(with_model!(&self.model, m => m.forward_batch(seqs))?)
     }
 
     /// The sentence embedding of `text`: the final hidden state mean-pooled over its

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `kvcore serve` with the official `openai` Python client (server/tests/openai_client.py):
+# starts the release binary on a loopback port the OS picks, runs the client test, then
+# sends SIGTERM and requires exit status 0. The load test (cli/tests/serve_load.rs) and
+# the HTTP tests (cli/tests/serve.rs) run in `cargo test`.
+#
+# Usage: .ci/server.sh   (python3 with venv, or $PYTHON; PyPI reachable)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=target/ci-openai-venv
+python=${PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+    if ! "$python" -m venv "$venv" 2>/dev/null; then
+        rm -rf "$venv"
+        if command -v apt-get >/dev/null; then
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        fi
+        "$python" -m venv "$venv"
+    fi
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check openai==3.57.0
+
+cargo build --release -q -p kvcore-cli
+log=$(mktemp)
+target/release/kvcore serve smollm2 --port 0 -t 2 2>"$log" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
+url=
+for _ in $(seq 600); do
+    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | sed 's/listening on //' || true)
+    [ -n "$url" ] && break
+    kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "kvcore serve exited" >&2; exit 1; }
+    sleep 0.1
+done
+[ -n "$url" ] || { cat "$log"; echo "kvcore serve did not start" >&2; exit 1; }
+echo "server at $url"
+"$venv/bin/python" server/tests/openai_client.py "$url" ../shared/reference/smollm2-135m-instruct-q4_1/logits.json
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+cat "$log"
+[ "$status" -eq 0 ] || { echo "kvcore serve exited with $status after SIGTERM" >&2; exit 1; }
+echo "kvcore serve exited 0 after SIGTERM"

@@ -1,0 +1,94 @@
+//! `kvcore serve`: the OpenAI-compatible server (`kvcore-server`) on a loaded engine.
+
+use crate::ServeArgs;
+use crate::commands::model_path;
+use anyhow::Context;
+use kvcore_engine::{Engine, Options};
+use kvcore_server::{ServeConfig, serve as run_server};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes from `256M`, `1G`, `65536`, `512K` (powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: a size is bytes, or a number with K, M or G"
+                    ));
+                }
+            };
+            (&s[..i], shift)
+        }
+        _ => (s, 0),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: a size is bytes, or a number with K, M or G"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let threads = crate::commands::threads(&a.model)?;
+    let path = model_path(&a.model.model)?;
+    let options = Options {
+        backend: a.model.backend,
+        threads: Some(threads),
+        activations: a.activations,
+        kv_types: a.kv_types.single()?,
+        ..Options::default()
+    };
+    let engine = Engine::load(&path, options).map_err(|e| anyhow::anyhow!(e.message()))?;
+    let model_id = a.model_id.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or("kvcore".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let config = ServeConfig {
+        parallel: a.parallel,
+        queue: a.queue,
+        kv_budget: a.kv_budget,
+        block_len: a.block_len,
+        ctx: a.ctx,
+        prefill_chunk: a.prefill_chunk,
+        batch_tokens: a.batch_tokens,
+        shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        model_id,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "kvcore serve: {} on {} ({} threads), listening on http://{local}",
+            engine.path().display(),
+            engine.backend_name(),
+            engine.threads()
+        );
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("a SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+            eprintln!("kvcore serve: shutting down");
+        };
+        run_server(Arc::new(engine), listener, config, shutdown).await?;
+        eprintln!("kvcore serve: stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,399 @@
+//! The OpenAI bodies: what a request may hold, how it becomes a [`Job`] for the
+//! scheduler, and the JSON of the answers and stream chunks.
+//!
+//! A field the server does not know is ignored (clients send many); a known field of
+//! the wrong type, a value out of range, or a feature the server does not have (`n > 1`,
+//! log-probabilities, tools) is refused with a 400 that names it, never silently
+//! dropped.
+
+use crate::scheduler::{Job, Summary};
+use kvcore_engine::kvcore::model::SamplerParams;
+use kvcore_engine::kvcore::tokenizer::ChatMessage;
+use kvcore_engine::{Engine, FinishReason};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// A request the server refuses, with the OpenAI error's `param` when one field is at
+/// fault.
+#[derive(Debug)]
+pub struct BadRequest {
+    /// What is wrong.
+    pub message: String,
+    /// The field, if one is at fault.
+    pub param: Option<&'static str>,
+}
+
+impl BadRequest {
+    fn new(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        BadRequest {
+            message: message.into(),
+            param,
+        }
+    }
+}
+
+type Checked<T> = Result<T, BadRequest>;
+
+/// The fields `/v1/chat/completions` and `/v1/completions` share.
+#[derive(Debug, Default, Deserialize)]
+pub struct Common {
+    /// Ignored beyond echoing: the server serves one model.
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    /// Server-sent events instead of one body.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    presence_penalty: Option<f32>,
+    #[serde(default)]
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    echo: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    messages: Vec<Message>,
+    /// The shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    prompt: Prompt,
+    /// The shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// Parses a body, naming what serde found wrong ("invalid type: string \"hot\",
+/// expected f32 at line 1 column 24").
+pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Checked<T> {
+    serde_json::from_slice(body)
+        .map_err(|e| BadRequest::new(format!("invalid request body: {e}"), None))
+}
+
+/// The limits a request is checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Positions one sequence may hold.
+    pub ctx: usize,
+    /// Bytes of the KV pool.
+    pub kv_budget: usize,
+    /// Positions per block.
+    pub block_len: usize,
+    /// Bytes per block.
+    pub block_bytes: usize,
+}
+
+impl ChatRequest {
+    /// The prompt's ids: the messages rendered by the model's chat template (their text
+    /// literal: a message cannot write control tokens).
+    pub fn prompt_ids(&self, engine: &Engine) -> Checked<Vec<u32>> {
+        if self.messages.is_empty() {
+            return Err(BadRequest::new(
+                "messages must hold at least one message",
+                Some("messages"),
+            ));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for m in &self.messages {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "developer" | "user" | "assistant"
+            ) {
+                return Err(BadRequest::new(
+                    format!(
+                        "unknown role {:?}: system, developer, user or assistant",
+                        m.role
+                    ),
+                    Some("messages"),
+                ));
+            }
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => {
+                                return Err(BadRequest::new(
+                                    format!(
+                                        "content parts of type {kind:?} are not supported: text only"
+                                    ),
+                                    Some("messages"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            // The templates know system, user and assistant.
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                &m.role
+            };
+            messages.push(ChatMessage::new(role, content));
+        }
+        engine
+            .chat_ids(&messages)
+            .map_err(|e| BadRequest::new(e.message(), Some("messages")))
+    }
+}
+
+impl CompletionRequest {
+    /// The prompt's ids: text with the model's BOS (literal: no control tokens), or the
+    /// ids as given (each checked against the vocabulary).
+    pub fn prompt_ids(&self, engine: &Engine) -> Checked<Vec<u32>> {
+        let one = |n: usize| {
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(BadRequest::new(
+                    format!("{n} prompts in one request: this server takes one"),
+                    Some("prompt"),
+                ))
+            }
+        };
+        let ids = match &self.prompt {
+            Prompt::Text(t) => engine.tokenize(t, true, false),
+            Prompt::Texts(ts) => {
+                one(ts.len())?;
+                engine.tokenize(&ts[0], true, false)
+            }
+            Prompt::Ids(ids) => ids.clone(),
+            Prompt::IdLists(lists) => {
+                one(lists.len())?;
+                lists[0].clone()
+            }
+        };
+        let vocab = engine.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(BadRequest::new(
+                format!("token id {id} is outside the vocabulary of {vocab}"),
+                Some("prompt"),
+            ));
+        }
+        Ok(ids)
+    }
+}
+
+impl Common {
+    /// Whether the stream ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    }
+
+    /// Checks every field and makes the scheduler's job (without its channel).
+    pub fn job(&self, prompt: Vec<u32>, limits: Limits) -> Checked<Job> {
+        let bad = |m: String, p: &'static str| Err(BadRequest::new(m, Some(p)));
+        if self.n.is_some_and(|n| n != 1) {
+            return bad("n must be 1: one choice per request".into(), "n");
+        }
+        match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
+            Some(_) => return bad("logprobs are not supported".into(), "logprobs"),
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return bad("tools are not supported".into(), "tools");
+        }
+        if self.echo == Some(true) {
+            return bad("echo is not supported".into(), "echo");
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return bad(
+                format!("temperature {temperature}: it must be between 0 and 2"),
+                "temperature",
+            );
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return bad(format!("top_p {top_p}: it must be in (0, 1]"), "top_p");
+        }
+        let penalty = |v: Option<f32>, name: &'static str| match v.unwrap_or(0.0) {
+            p if (-2.0..=2.0).contains(&p) => Ok(p),
+            p => Err(BadRequest::new(
+                format!("{name} {p}: it must be between -2 and 2"),
+                Some(name),
+            )),
+        };
+        let presence = penalty(self.presence_penalty, "presence_penalty")?;
+        let frequency = penalty(self.frequency_penalty, "frequency_penalty")?;
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return bad("stop: at most 4 strings, none of them empty".into(), "stop");
+        }
+        let ctx = limits.ctx;
+        if prompt.is_empty() {
+            return bad("the prompt is empty".into(), "prompt");
+        }
+        if prompt.len() >= ctx {
+            return bad(
+                format!(
+                    "the prompt is {} tokens: it must be shorter than the context of {ctx} positions",
+                    prompt.len()
+                ),
+                "messages",
+            );
+        }
+        let room = ctx - prompt.len();
+        let asked = self.max_completion_tokens.or(self.max_tokens);
+        let max_new = match asked {
+            Some(0) => return bad("max_tokens must be at least 1".into(), "max_tokens"),
+            Some(n) if n > room as u64 => {
+                return bad(
+                    format!(
+                        "max_tokens {n} with a prompt of {} tokens exceeds the context of {ctx} positions (at most {room})",
+                        prompt.len()
+                    ),
+                    "max_tokens",
+                );
+            }
+            Some(n) => n as usize,
+            None => room,
+        };
+        let positions = prompt.len() + max_new;
+        let bytes = positions.div_ceil(limits.block_len) * limits.block_bytes;
+        if bytes > limits.kv_budget {
+            return bad(
+                format!(
+                    "{positions} positions need {bytes} bytes of KV cache, more than the server's budget of {} bytes; ask for fewer max_tokens",
+                    limits.kv_budget
+                ),
+                "max_tokens",
+            );
+        }
+        let seed = match self.seed {
+            Some(s) => s as u64,
+            None => {
+                let mut b = [0u8; 8];
+                getrandom::fill(&mut b).map_err(|e| {
+                    BadRequest::new(format!("no random seed: {e}; pass a seed"), Some("seed"))
+                })?;
+                u64::from_le_bytes(b)
+            }
+        };
+        let mut sampling = if temperature == 0.0 {
+            SamplerParams::greedy()
+        } else {
+            let mut p = SamplerParams::greedy();
+            p.temperature = temperature;
+            p.top_p = top_p;
+            p
+        };
+        sampling.presence_penalty = presence;
+        sampling.frequency_penalty = frequency;
+        sampling.seed = seed;
+        Ok(Job::new(prompt, max_new, sampling, stop))
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// OpenAI's finish reason: `"stop"` or `"length"`.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+/// The `usage` object.
+pub fn usage(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
+}
+
+/// An OpenAI error object.
+pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+}

@@ -1,0 +1,194 @@
+//! The counters behind `GET /metrics`, in the Prometheus text format (version 0.0.4).
+
+use kvcore_engine::kvcore::kv::KvPool;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters and gauges the HTTP side and the scheduler update.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests accepted into the queue.
+    pub requests: AtomicU64,
+    /// Requests answered 503 (queue full or shutting down).
+    pub rejected: AtomicU64,
+    /// Requests answered 400.
+    pub bad: AtomicU64,
+    /// Requests that ran to a stop or their length.
+    pub completed: AtomicU64,
+    /// Requests whose client went away before the end.
+    pub cancelled: AtomicU64,
+    /// Requests that ended with an error (shutdown deadline, KV pool exhausted).
+    pub failed: AtomicU64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Of those, tokens served from the prefix cache.
+    pub cached_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+    /// Forward passes run.
+    pub steps: AtomicU64,
+    /// Tokens those passes ran (prefill and decode).
+    pub step_tokens: AtomicU64,
+    /// Requests waiting for a slot.
+    pub queue_depth: AtomicU64,
+    /// Sequences in the running batch.
+    pub running: AtomicU64,
+}
+
+impl Metrics {
+    /// Adds `n` to a counter.
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The text `/metrics` serves.
+    pub fn render(&self, pool: &KvPool) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = pool.stats();
+        let mut out = String::new();
+        let mut one = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {value}");
+        };
+        let counters: [(&str, &str, &AtomicU64); 11] = [
+            (
+                "kvcore_requests_total",
+                "Requests accepted.",
+                &self.requests,
+            ),
+            (
+                "kvcore_requests_rejected_total",
+                "Requests answered 503 (queue full, shutting down).",
+                &self.rejected,
+            ),
+            (
+                "kvcore_requests_invalid_total",
+                "Requests answered 400.",
+                &self.bad,
+            ),
+            (
+                "kvcore_requests_completed_total",
+                "Requests that ran to a stop or their length.",
+                &self.completed,
+            ),
+            (
+                "kvcore_requests_cancelled_total",
+                "Requests whose client disconnected first.",
+                &self.cancelled,
+            ),
+            (
+                "kvcore_requests_failed_total",
+                "Requests that ended with an error.",
+                &self.failed,
+            ),
+            (
+                "kvcore_prompt_tokens_total",
+                "Prompt tokens of admitted requests.",
+                &self.prompt_tokens,
+            ),
+            (
+                "kvcore_prompt_tokens_cached_total",
+                "Prompt tokens served from the prefix cache.",
+                &self.cached_tokens,
+            ),
+            (
+                "kvcore_generated_tokens_total",
+                "Tokens generated.",
+                &self.generated_tokens,
+            ),
+            (
+                "kvcore_steps_total",
+                "Batched forward passes run.",
+                &self.steps,
+            ),
+            (
+                "kvcore_step_tokens_total",
+                "Tokens those passes ran.",
+                &self.step_tokens,
+            ),
+        ];
+        for (name, help, c) in counters {
+            one(name, "counter", help, get(c).to_string());
+        }
+        one(
+            "kvcore_queue_depth",
+            "gauge",
+            "Requests waiting for a slot.",
+            get(&self.queue_depth).to_string(),
+        );
+        one(
+            "kvcore_running_sequences",
+            "gauge",
+            "Sequences in the running batch.",
+            get(&self.running).to_string(),
+        );
+        one(
+            "kvcore_kv_pool_blocks",
+            "gauge",
+            "KV blocks alive (in a sequence or the prefix cache).",
+            s.blocks.to_string(),
+        );
+        one(
+            "kvcore_kv_pool_blocks_cached",
+            "gauge",
+            "KV blocks in the prefix cache.",
+            s.cached.to_string(),
+        );
+        one(
+            "kvcore_kv_pool_blocks_cached_idle",
+            "gauge",
+            "Cached KV blocks no sequence holds (evictable).",
+            s.cached_idle.to_string(),
+        );
+        one(
+            "kvcore_kv_pool_blocks_in_use",
+            "gauge",
+            "KV blocks held by running sequences.",
+            (s.blocks - s.cached_idle).to_string(),
+        );
+        one(
+            "kvcore_kv_pool_bytes",
+            "gauge",
+            "Bytes of the KV blocks alive.",
+            s.bytes.to_string(),
+        );
+        one(
+            "kvcore_kv_pool_budget_bytes",
+            "gauge",
+            "The KV pool's byte budget.",
+            s.budget.to_string(),
+        );
+        one(
+            "kvcore_kv_pool_evicted_total",
+            "counter",
+            "Cached KV blocks evicted.",
+            s.evicted.to_string(),
+        );
+        one(
+            "kvcore_prefix_cache_lookups_total",
+            "counter",
+            "Prefix cache lookups.",
+            s.lookups.to_string(),
+        );
+        one(
+            "kvcore_prefix_cache_blocks_queried_total",
+            "counter",
+            "Full prompt blocks looked up.",
+            s.blocks_queried.to_string(),
+        );
+        one(
+            "kvcore_prefix_cache_blocks_hit_total",
+            "counter",
+            "Of those, blocks found.",
+            s.blocks_hit.to_string(),
+        );
+        one(
+            "kvcore_prefix_cache_hit_rate",
+            "gauge",
+            "blocks_hit / blocks_queried.",
+            format!("{:.6}", s.hit_rate()),
+        );
+        out
+    }
+}
