@@ -37,6 +37,21 @@ done
 [ -n "$url" ] || { cat "$log"; echo "kvcore serve did not start" >&2; exit 1; }
 echo "server at $url"
 "$venv/bin/python" server/tests/openai_client.py "$url" ../shared/reference/smollm2-135m-instruct-q4_1/logits.json
+# The README's snippets, against this server.
+readme=target/ci-readme
+mkdir -p "$readme"
+awk '/<!-- ci: readme-curl.sh -->/ {on = 1; next} on && /^```sh$/ {inside = 1; next}
+     inside && /^```$/ {exit} inside {print}' README.md | sed "s|http://127.0.0.1:8080|$url|g" >"$readme/curl.sh"
+awk '/<!-- ci: readme-openai.py -->/ {on = 1; next} on && /^```python$/ {inside = 1; next}
+     inside && /^```$/ {exit} inside {print}' README.md | sed "s|http://127.0.0.1:8080|$url|g" >"$readme/readme_openai.py"
+[ -s "$readme/curl.sh" ] && [ -s "$readme/readme_openai.py" ] || { echo "README lacks the serve snippets" >&2; exit 1; }
+bash -euo pipefail "$readme/curl.sh" | tee "$readme/curl.out"
+grep -q '"object":"chat.completion"' "$readme/curl.out"
+grep -q '^data: \[DONE\]' "$readme/curl.out"
+grep -q '^kvcore_prefix_cache_hit_rate ' "$readme/curl.out"
+"$venv/bin/python" "$readme/readme_openai.py" | tee "$readme/readme_openai.out"
+grep -q "Paris" "$readme/readme_openai.out"
+
 kill -TERM "$pid"
 status=0
 wait "$pid" || status=$?

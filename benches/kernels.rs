@@ -176,6 +176,28 @@ fn gemv_q8(c: &mut Criterion) {
         }
         group.finish();
     }
+    // A batch of decode steps: `gemm_q8` of n tokens (each row bit for bit its GEMV);
+    // throughput in weight bytes per token, so n tokens at the GEMV's speed read flat.
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        let mut group = c.benchmark_group(format!("gemm_q8_{dtype}"));
+        configure(&mut group);
+        let (rows, cols) = (1536, 576);
+        let bytes = matrix(dtype, rows, cols);
+        let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
+        let layout = Q8Layout::of(dtype).expect("8-bit path");
+        for n in [1usize, 2, 4, 8] {
+            let xq: Vec<Q8Acts> = (0..n)
+                .map(|t| Q8Acts::from_f32(layout, &values(cols, 2 + t as u64)).expect("blocks"))
+                .collect();
+            let mut y = vec![0.0f32; n * rows];
+            group.throughput(Throughput::Bytes((n * bytes.len()) as u64));
+            let id = BenchmarkId::new(b.simd.name(), format!("{rows}x{cols}/n{n}"));
+            group.bench_function(id, |bench| {
+                bench.iter(|| b.simd.gemm_q8(&w, black_box(&xq), &mut y).expect("gemm_q8"))
+            });
+        }
+        group.finish();
+    }
     let mut group = c.benchmark_group("quantize_q8");
     configure(&mut group);
     for (layout, n) in [

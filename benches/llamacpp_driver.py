@@ -1,6 +1,6 @@
 """llama.cpp side of benches/compare_llamacpp.sh, through llama-cpp-python.
 
-Five subcommands, each printing one JSON object on stdout:
+Six subcommands, each printing one JSON object on stdout:
 
   tokenize  MODEL TEXT
       {"ids": [...], "ids_with_special": [...], "roundtrip_ok": bool}: TEXT tokenized by
@@ -46,6 +46,17 @@ Five subcommands, each printing one JSON object on stdout:
       adds "kld_mean", "kld_p99" (nearest rank) and "top1_agree" (the fraction of
       positions whose arg-max is the base's): KL(base || this run) per position in
       float64, both rows renormalised first.
+
+  batch     MODEL -s 1,2,4,8,16 -d 64 -n 32 -r 5 -t THREADS [--unified] [KV OPTIONS]
+      Mirror of `kvcore bench -s`: S sequences in one llama.cpp context (n_seq_max = S),
+      each starting from the same D positions (prefilled into sequence 0, untimed, then
+      llama_memory_seq_cp to the others), decoded together by N steps, each one
+      llama_decode of a batch of S tokens (one per sequence id, at position D + step,
+      logits requested for each); sequence i decodes ids[i·N .. (i+1)·N] of the xorshift
+      sequence, as kvcore does. tok/s = S·N / time. The KV cache is llama.cpp's default
+      (one stream per sequence, n_ctx = S · (D + N + 16)); --unified makes it one shared
+      cache (kv_unified). Rows: "test" ("tg32 x 8"), "sequences", "kv_unified", and the
+      tok/s figures.
 
   reference-error  MODEL [--reference LOGITS_JSON]
       How far llama.cpp's logits are from the float64 reference logits
@@ -289,6 +300,83 @@ def cmd_bench(a):
     print()
 
 
+def cmd_batch(a):
+    if not a.seqs or min(a.seqs) < 1 or a.tg < 1 or a.depth < 1:
+        sys.exit("batch needs sequences >= 1, -n >= 1 and a depth >= 1")
+    llama_cpp.llama_backend_init()
+    mparams = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(a.model.encode(), mparams)
+    if not model:
+        sys.exit(f"llama.cpp cannot load {a.model}")
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    prefix = xorshift_tokens(a.depth, n_vocab)
+    rows = []
+    for S in a.seqs:
+        cparams = llama_cpp.llama_context_default_params()
+        per_seq = a.depth + a.tg + 16
+        cparams.n_ctx = per_seq * S if not a.unified else a.depth + S * (a.tg + 16)
+        cparams.n_batch = cparams.n_ubatch = max(512, S)
+        cparams.n_seq_max = S
+        cparams.n_threads = cparams.n_threads_batch = a.threads
+        cparams.type_k = KV_TYPES[a.type_k]
+        cparams.type_v = KV_TYPES[a.type_v]
+        cparams.flash_attn_type = 1 if a.flash_attn == "on" else 0
+        cparams.kv_unified = a.unified
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            sys.exit(f"llama.cpp refused the context for {S} sequences")
+        mem = llama_cpp.llama_get_memory(ctx)
+        batch = llama_cpp.llama_batch_init(max(512, S), 0, 1)
+
+        def submit(items):
+            batch.n_tokens = len(items)
+            for k, (tok, pos, seq, want) in enumerate(items):
+                batch.token[k] = tok
+                batch.pos[k] = pos
+                batch.n_seq_id[k] = 1
+                batch.seq_id[k][0] = seq
+                batch.logits[k] = want
+            rc = llama_cpp.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+
+        ids = xorshift_tokens(a.tg * S, n_vocab)
+        tok_s = []
+        for rep in range(a.reps + 1):
+            llama_cpp.llama_memory_clear(mem, False)
+            for i in range(0, a.depth, 512):
+                end = min(a.depth, i + 512)
+                submit([(prefix[j], j, 0, j == a.depth - 1) for j in range(i, end)])
+            for seq in range(1, S):
+                llama_cpp.llama_memory_seq_cp(mem, 0, seq, -1, -1)
+            start = time.perf_counter()
+            for step in range(a.tg):
+                submit([(ids[q * a.tg + step], a.depth + step, q, True) for q in range(S)])
+            secs = time.perf_counter() - start
+            if rep > 0:
+                tok_s.append(S * a.tg / secs)
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        rows.append(
+            {
+                "backend": "llama.cpp",
+                "threads": a.threads,
+                "test": f"tg{a.tg} x {S}",
+                "sequences": S,
+                "depth": a.depth,
+                "kv_unified": a.unified,
+                **kv_record(a),
+                "tok_s": tok_s,
+                "median_tok_s": statistics.median(tok_s),
+                "min_tok_s": min(tok_s),
+                "max_tok_s": max(tok_s),
+            }
+        )
+    json.dump(rows, sys.stdout)
+    print()
+
+
 def log_softmax32(x):
     """ln softmax of each row of x (float32 [rows, vocab]), in float64, returned as
     float32 (as kvcore's model::perplexity::log_softmax)."""
@@ -473,6 +561,17 @@ def main():
     b.add_argument("-c", "--ctx", type=int, required=True)
     kv_options(b)
     b.set_defaults(func=cmd_bench)
+
+    bt = sub.add_parser("batch")
+    bt.add_argument("model")
+    bt.add_argument("-s", "--seqs", type=int_list, default=[1, 2, 4, 8, 16])
+    bt.add_argument("-d", "--depth", type=int, default=64)
+    bt.add_argument("-n", "--tg", type=int, default=32)
+    bt.add_argument("-r", "--reps", type=int, default=5)
+    bt.add_argument("-t", "--threads", type=int, default=2)
+    bt.add_argument("--unified", action="store_true")
+    kv_options(bt)
+    bt.set_defaults(func=cmd_batch)
 
     k = sub.add_parser("kld")
     k.add_argument("model")

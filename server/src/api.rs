@@ -317,21 +317,29 @@ impl Common {
             );
         }
         let room = ctx - prompt.len();
-        let asked = self.max_completion_tokens.or(self.max_tokens);
-        let max_new = match asked {
-            Some(0) => return bad("max_tokens must be at least 1".into(), "max_tokens"),
-            Some(n) if n > room as u64 => {
-                return bad(
-                    format!(
-                        "max_tokens {n} with a prompt of {} tokens exceeds the context of {ctx} positions (at most {room})",
-                        prompt.len()
-                    ),
-                    "max_tokens",
-                );
+        // Both names are checked; the newer one wins when both are given.
+        for (asked, name) in [
+            (self.max_tokens, "max_tokens"),
+            (self.max_completion_tokens, "max_completion_tokens"),
+        ] {
+            match asked {
+                Some(0) => return bad(format!("{name} must be at least 1"), name),
+                Some(n) if n > room as u64 => {
+                    return bad(
+                        format!(
+                            "{name} {n} with a prompt of {} tokens exceeds the context of {ctx} positions (at most {room})",
+                            prompt.len()
+                        ),
+                        name,
+                    );
+                }
+                _ => {}
             }
-            Some(n) => n as usize,
-            None => room,
-        };
+        }
+        let max_new = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .map_or(room, |n| n as usize);
         let positions = prompt.len() + max_new;
         let bytes = positions.div_ceil(limits.block_len) * limits.block_bytes;
         if bytes > limits.kv_budget {

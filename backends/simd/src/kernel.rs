@@ -134,6 +134,16 @@ pub(crate) trait Kernel: Copy {
     /// it meets (see `kvcore::backend::q8`). `x: [cols]`, `y: [rows]`.
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]);
 
+    /// [`gemv_q8`](Kernel::gemv_q8) of several tokens over the same rows:
+    /// `y[t·stride ..][..rows] ← W x̂_t` for each token `t` of `x`, each bit for bit that
+    /// token's `gemv_q8` (a family may decode each weight block once for several tokens;
+    /// it may not change a token's arithmetic). The default runs `gemv_q8` per token.
+    fn gemv_q8_tokens(self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
+        for (t, xt) in x.iter().enumerate() {
+            self.gemv_q8(w, xt, &mut y[t * stride..][..w.rows()]);
+        }
+    }
+
     /// Decode `out.len()` consecutive weights of `dtype` from `bytes` (whole blocks),
     /// bit for bit equal to `kvcore_scalar::quant::dequantize`.
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);

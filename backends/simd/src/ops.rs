@@ -155,17 +155,16 @@ fn panels<K: Kernel>(
 }
 
 /// `Y[t] ← W x̂_t` for a few quantised tokens: per panel of [`PANEL_ROWS`] weight rows
-/// (in L1/L2 while every token passes), each token's `K::gemv_q8` over the panel. Each
-/// output depends only on its row and its token, so row `t` is bit for bit the GEMV of
-/// token `t`. Shapes are checked by the caller.
+/// (in L1/L2 while every token passes), `K::gemv_q8_tokens` over the panel (AVX2: each
+/// row's blocks decoded once per group of up to 4 tokens). Each output depends only on
+/// its row and its token, by the same operations as a GEMV, so row `t` is bit for bit
+/// the GEMV of token `t`. Shapes are checked by the caller.
 pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) {
     let rows = w.rows();
     for r0 in (0..rows).step_by(PANEL_ROWS) {
         let p = PANEL_ROWS.min(rows - r0);
         let panel = w.slice_rows(r0..r0 + p);
-        for (t, xt) in x.iter().enumerate() {
-            k.gemv_q8(&panel, xt, &mut y[t * rows + r0..][..p]);
-        }
+        k.gemv_q8_tokens(&panel, x, &mut y[r0..], rows);
     }
 }
 

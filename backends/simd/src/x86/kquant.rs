@@ -21,7 +21,7 @@
 //! f32 dot product); compared with the scalar reference, only the order of the sum and
 //! the fused multiply-adds differ.
 
-use super::dot::{hsum, load, store};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use kvcore::backend::{DType, QK, Weights};
 use kvcore_scalar::quant::q4_k_scale_min;
 use std::arch::x86_64::*;
@@ -193,7 +193,9 @@ pub(super) fn gemv(fmt: Format, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
         y.fill(0.0);
         return;
     }
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
+    let data = w.data();
+    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
+        prefetch_row(data, i + PREFETCH_ROWS, rb);
         *yr = dot(fmt, r, x);
     }
 }

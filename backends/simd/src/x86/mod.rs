@@ -63,6 +63,11 @@ impl Kernel for Avx2 {
         unsafe { q8::gemv(w, x, y) }
     }
 
+    fn gemv_q8_tokens(self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
+        // SAFETY: features detected (see above).
+        unsafe { q8::gemv_tokens(w, x, y, stride) }
+    }
+
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { quant::dequantize(dtype, bytes, out) }

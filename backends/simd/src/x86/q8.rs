@@ -28,7 +28,7 @@
 //! integer ports, not by the FMA latency (measured: a two-accumulator version ran at
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
-use super::dot::{hsum, load};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row};
 use super::kquant::f16_at;
 use kvcore::backend::q8::Q8_MAX;
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
@@ -454,7 +454,9 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         "no q8 GEMV for {dtype}"
     );
     // Plain loops (not closures) so the row kernels inline under this target feature.
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
+    let data = w.data();
+    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
+        prefetch_row(data, i + PREFETCH_ROWS, rb);
         *yr = match dtype {
             DType::Q4_0 => dot_nibbles::<0>(r, x),
             DType::Q4_1 => dot_nibbles::<1>(r, x),
@@ -463,5 +465,205 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
             DType::Q6_K => dot_q6_k(r, x),
             _ => dot_q8_0(r, x),
         };
+    }
+}
+
+/// The activations of `N` tokens as [`dot_nibbles_n`] and [`dot_q8_0_n`] read them:
+/// per token its bytes, block scales and `[d_a, d_a·s]` pairs, lengths checked once for
+/// a whole GEMV (`blocks` blocks of 32).
+struct Tokens<'a, const N: usize> {
+    values: [&'a [i8]; N],
+    scales: [&'a [f32]; N],
+    pairs: [&'a [f32]; N],
+}
+
+impl<'a, const N: usize> Tokens<'a, N> {
+    /// # Panics
+    /// If a token is not `blocks` blocks of 32 (or lacks its pairs, for `pairs`).
+    fn new(x: &'a [Q8Acts], blocks: usize, pairs: bool) -> Self {
+        assert_eq!(x.len(), N);
+        for xt in x {
+            assert_eq!(xt.values().len(), blocks * QK);
+            assert_eq!(xt.scales().len(), blocks);
+            if pairs {
+                assert_eq!(xt.scale_pairs().len(), 2 * blocks);
+            }
+        }
+        Tokens {
+            values: std::array::from_fn(|t| x[t].values()),
+            scales: std::array::from_fn(|t| x[t].scales()),
+            pairs: std::array::from_fn(|t| x[t].scale_pairs()),
+        }
+    }
+}
+
+/// [`dot_nibbles`] of `N` tokens against one row: each block's scales and nibbles are
+/// decoded once for all of them, and each token's arithmetic is `dot_nibbles`'s, in its
+/// order (the same products, FMAs and sums), so `out[t]` is bit for bit
+/// `dot_nibbles(row, x[t])`.
+///
+/// # Panics
+/// If `row` is not as many blocks as `x` holds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_nibbles_n<const FMT: u8, const N: usize>(row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
+    let dtype = nibble_format(FMT);
+    let bytes = dtype.block_bytes();
+    let (qs, offset) = match dtype {
+        DType::Q4_1 => (4, 1.0),
+        DType::Q5_0 => (6, -16.0),
+        _ => (2, -8.0),
+    };
+    let nb = row.len() / bytes;
+    assert!(row.len() == nb * bytes && bytes >= qs + 16);
+    for t in 0..N {
+        assert!(x.values[t].len() == nb * QK && x.pairs[t].len() == 2 * nb);
+    }
+    let mask = _mm256_set1_epi8(15);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut offsets = [_mm_setzero_ps(); N];
+    for (j, b) in row.chunks_exact(bytes).enumerate() {
+        let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+        let dm = if dtype == DType::Q4_1 {
+            dm
+        } else {
+            _mm_moveldup_ps(dm)
+        };
+        // SAFETY: bytes `qs..qs + 16` of the block are in bounds (`bytes >= qs + 16`,
+        // asserted); `loadu` has no alignment requirement.
+        let packed = unsafe { _mm_loadu_si128(b.as_ptr().add(qs).cast()) };
+        let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
+        let w = if dtype == DType::Q5_0 {
+            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
+        } else {
+            w
+        };
+        for t in 0..N {
+            // SAFETY: `j < nb`, and every token holds `nb · 32` bytes and `2 · nb`
+            // factors (asserted), so bytes `32j .. 32j + 32` and factors `2j, 2j + 1` are
+            // in bounds; `loadu`/`load_sd` have no alignment requirement.
+            let (a, fv) = unsafe {
+                (
+                    _mm256_loadu_si256(x.values[t].as_ptr().add(j * QK).cast()),
+                    _mm_castpd_ps(_mm_load_sd(x.pairs[t].as_ptr().add(2 * j).cast())),
+                )
+            };
+            let tt = _mm_mul_ps(dm, fv);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(tt), _mm256_cvtepi32_ps(p), acc[t]);
+            offsets[t] = _mm_add_ps(offsets[t], tt);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        let o = _mm_cvtss_f32(_mm_movehdup_ps(offsets[t]));
+        out[t] = hsum(acc[t]) + offset * o;
+    }
+    out
+}
+
+/// [`dot_q8_0`] of `N` tokens against one row, each block's scale and `|w|` decoded once;
+/// `out[t]` is bit for bit `dot_q8_0(row, x[t])` (the same operations per token).
+///
+/// # Panics
+/// If `row` is not as many blocks as `x` holds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0_n<const N: usize>(row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
+    let nb = row.len() / 34;
+    assert_eq!(row.len(), nb * 34);
+    for t in 0..N {
+        assert!(x.values[t].len() == nb * QK && x.scales[t].len() == nb);
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (j, b) in row.chunks_exact(34).enumerate() {
+        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+            u16::from_le_bytes([b[0], b[1]]),
+        ))));
+        // SAFETY: bytes `2..34` of the 34-byte block are in bounds; `loadu` has no
+        // alignment requirement.
+        let w = unsafe { _mm256_loadu_si256(b.as_ptr().add(2).cast()) };
+        let aw = _mm256_abs_epi8(w);
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `j < nb` and every token holds `nb · 32` bytes and `nb` scales
+            // (asserted).
+            let (a, da) = unsafe {
+                (
+                    _mm256_loadu_si256(x.values[t].as_ptr().add(j * QK).cast()),
+                    *x.scales[t].get_unchecked(j),
+                )
+            };
+            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+            let p = _mm256_madd_epi16(p, ones);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum(a);
+    }
+    out
+}
+
+/// `y[t·stride ..][..rows] ← W x̂_t` for every token of `x`, each bit for bit [`gemv`] of
+/// that token: the 32-weight formats decode each row's blocks once per group of 4 (then
+/// 2) tokens ([`dot_nibbles_n`], [`dot_q8_0_n`]); the K formats and a last single token
+/// run [`gemv`].
+///
+/// # Panics
+/// If the shapes do not fit or `w` is a plain format.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv_tokens(w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
+    let rows = w.rows();
+    if x.is_empty() {
+        return;
+    }
+    assert!(stride >= rows && y.len() >= (x.len() - 1) * stride + rows);
+    let grouped = matches!(
+        w.dtype(),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0
+    );
+    let mut t0 = 0;
+    if grouped && w.row_bytes() > 0 {
+        while x.len() - t0 >= 4 {
+            group::<4>(w, &x[t0..t0 + 4], &mut y[t0 * stride..], stride);
+            t0 += 4;
+        }
+        if x.len() - t0 >= 2 {
+            group::<2>(w, &x[t0..t0 + 2], &mut y[t0 * stride..], stride);
+            t0 += 2;
+        }
+    }
+    for (t, xt) in x.iter().enumerate().skip(t0) {
+        gemv(w, xt, &mut y[t * stride..][..rows]);
+    }
+}
+
+/// [`gemv_tokens`] of exactly `N` tokens of a 32-weight format.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group<const N: usize>(w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
+    let dtype = w.dtype();
+    let blocks = w.cols() / QK;
+    let xs = Tokens::<N>::new(x, blocks, dtype != DType::Q8_0);
+    let (data, rb) = (w.data(), w.row_bytes());
+    for (r, row) in data.chunks_exact(rb).enumerate() {
+        // The row PREFETCH_ROWS ahead, line by line: each row's blocks take N tokens'
+        // work, so fewer rows are in flight than in a one-token GEMV and the loads of a
+        // matrix streaming from memory would wait (measured on SmolLM2: without this,
+        // two tokens grouped ran slower than two GEMVs).
+        prefetch_row(data, r + PREFETCH_ROWS, rb);
+        let out = match dtype {
+            DType::Q4_0 => dot_nibbles_n::<0, N>(row, &xs),
+            DType::Q4_1 => dot_nibbles_n::<1, N>(row, &xs),
+            DType::Q5_0 => dot_nibbles_n::<2, N>(row, &xs),
+            _ => dot_q8_0_n::<N>(row, &xs),
+        };
+        for (t, v) in out.into_iter().enumerate() {
+            y[t * stride + r] = v;
+        }
     }
 }

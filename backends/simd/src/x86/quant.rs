@@ -27,7 +27,7 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::dot::{hsum, load, store};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use super::kquant::{self, Format};
 use half::f16;
 use kvcore::backend::{DType, QK, Weights};
@@ -255,7 +255,9 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
     if let Some(fmt) = Format::of(dtype) {
         return kquant::gemv(fmt, w, x, y);
     }
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
+    let data = w.data();
+    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
+        prefetch_row(data, i + PREFETCH_ROWS, rb);
         *yr = match dtype {
             DType::F32 => dot_plain::<F32>(r, x),
             DType::F16 => dot_plain::<F16>(r, x),
@@ -289,10 +291,16 @@ fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
 /// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(fmt.bytes())
+    let bs = fmt.bytes();
+    for (i, (b, o)) in bytes
+        .chunks_exact(bs)
         .zip(out.chunks_exact_mut(QK))
+        .enumerate()
     {
+        // The bytes PREFETCH_ROWS · 128 ahead, as the GEMVs prefetch rows (`dot.rs`).
+        if let Some(ahead) = bytes.get(i * bs + PREFETCH_ROWS * 128) {
+            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(ahead).cast());
+        }
         let (q, d, m) = fmt.decode(b);
         let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
         for (l, lane) in q.into_iter().enumerate() {
