@@ -303,6 +303,9 @@ def cmd_bench(a):
 def cmd_batch(a):
     if not a.seqs or min(a.seqs) < 1 or a.tg < 1 or a.depth < 1:
         sys.exit("batch needs sequences >= 1, -n >= 1 and a depth >= 1")
+    # The low-level API logs every tensor to stderr unless a callback takes the lines.
+    quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(a.model.encode(), mparams)
