@@ -202,77 +202,7 @@ fn fifth_bits(qh: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(16))
 }
 
-/// One row of a 32-weight nibble format against `x` (module docs): `Q4_0`, `Q4_1` or
-/// `Q5_0` (`FMT` is its `DType` as `u8`, see [`nibble_format`]).
-///
-/// Per block, the f16 `[d_w, m]` (`Q4_0`, `Q5_0`: `[d_w, d_w]`) times the activation
-/// block's `[d_a, d_a·s]` (`Q8Acts::scale_pairs`) in one 4-lane multiply: lane 0 is
-/// `d_w·d_a` (broadcast for the FMA), lane 1 the offset term (`Q4_0`, `Q5_0`: without
-/// its `−8` or `−16`, applied to the sum), accumulated in lane 1 of a vector (the same
-/// sequential f32 sum as a scalar). `Q5_0`'s fifth bits are OR-ed into the nibbles as
-/// `16·bit` bytes, so the unsigned weights `0..32` meet `vpmaddubsw` as `Q4_*`'s do (pair
-/// sums at most `2·31·127`).
-///
-/// # Panics
-/// If `row` is not `x.len() / 32` blocks.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_nibbles<const FMT: u8>(row: &[u8], x: &Q8Acts) -> f32 {
-    let dtype = nibble_format(FMT);
-    let bytes = dtype.block_bytes();
-    // Where the packed nibbles start, and the offset applied to the sum of the offsets.
-    let (qs, offset) = match dtype {
-        DType::Q4_1 => (4, 1.0),
-        DType::Q5_0 => (6, -16.0),
-        _ => (2, -8.0),
-    };
-    assert_eq!(row.len(), x.scales().len() * bytes);
-    assert_eq!(x.scale_pairs().len(), 2 * x.scales().len());
-    let mask = _mm256_set1_epi8(15);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut offsets = _mm_setzero_ps();
-    let blocks = row
-        .chunks_exact(bytes)
-        .zip(x.values().chunks_exact(QK))
-        .zip(x.scale_pairs().chunks_exact(2));
-    for ((b, a), f) in blocks {
-        assert!(b.len() >= qs + 16 && a.len() >= 32 && f.len() == 2);
-        let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-        let dm = if dtype == DType::Q4_1 {
-            dm
-        } else {
-            _mm_moveldup_ps(dm)
-        };
-        // SAFETY: bytes `qs..qs + 16` of the block, the 32 activation bytes and the two
-        // factors are in bounds (asserted); `loadu`/`load_sd` have no alignment
-        // requirement.
-        let (packed, a, fv) = unsafe {
-            (
-                _mm_loadu_si128(b.as_ptr().add(qs).cast()),
-                _mm256_loadu_si256(a.as_ptr().cast()),
-                _mm_castpd_ps(_mm_load_sd(f.as_ptr().cast())),
-            )
-        };
-        let t = _mm_mul_ps(dm, fv);
-        let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
-        let w = if dtype == DType::Q5_0 {
-            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
-        } else {
-            w
-        };
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(t), _mm256_cvtepi32_ps(p), acc);
-        offsets = _mm_add_ps(offsets, t);
-    }
-    // `Q4_0`, `Q5_0`: the offsets were summed as `d_w·(d_a·s)`; `−8` or `−16` scales the
-    // sum exactly (a power of two), the same value as summing the `−8·d_w·(d_a·s)` terms.
-    let offsets = _mm_cvtss_f32(_mm_movehdup_ps(offsets));
-    hsum(acc) + offset * offsets
-}
-
-/// The format `dot_nibbles::<FMT>` reads.
+/// The format `dot_nibbles_n::<FMT, N>` reads.
 const fn nibble_format(fmt: u8) -> DType {
     match fmt {
         0 => DType::Q4_0,
@@ -402,40 +332,6 @@ fn dot_q6_k(row: &[u8], x: &Q8Acts) -> f32 {
     hsum(acc)
 }
 
-/// One row of `Q8_0` against `x` (module docs).
-///
-/// # Panics
-/// If `row` is not `x.len() / 32` blocks.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(row: &[u8], x: &Q8Acts) -> f32 {
-    assert_eq!(row.len(), x.scales().len() * 34);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let blocks = row
-        .chunks_exact(34)
-        .zip(x.values().chunks_exact(QK))
-        .zip(x.scales());
-    for ((b, a), &da) in blocks {
-        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-            u16::from_le_bytes([b[0], b[1]]),
-        ))));
-        assert!(b.len() >= 34 && a.len() >= 32);
-        // SAFETY: bytes `2..34` of the block and the 32 activation bytes are in bounds
-        // (asserted); `loadu` has no alignment requirement.
-        let (w, a) = unsafe {
-            (
-                _mm256_loadu_si256(b.as_ptr().add(2).cast()),
-                _mm256_loadu_si256(a.as_ptr().cast()),
-            )
-        };
-        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
-        let p = _mm256_madd_epi16(p, ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc);
-    }
-    hsum(acc)
-}
-
 /// `y ← W x̂` for a block-format `w`.
 ///
 /// # Panics
@@ -453,17 +349,19 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         kvcore::backend::q8::supports(dtype),
         "no q8 GEMV for {dtype}"
     );
+    if !matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        // The 32-weight formats: the grouped kernels with a group of one.
+        let rows = y.len();
+        return group::<1>(w, std::slice::from_ref(x), y, rows);
+    }
     // Plain loops (not closures) so the row kernels inline under this target feature.
     let data = w.data();
     for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
         prefetch_row(data, i + PREFETCH_ROWS, rb);
-        *yr = match dtype {
-            DType::Q4_0 => dot_nibbles::<0>(r, x),
-            DType::Q4_1 => dot_nibbles::<1>(r, x),
-            DType::Q5_0 => dot_nibbles::<2>(r, x),
-            DType::Q4_K => dot_q4_k(r, x),
-            DType::Q6_K => dot_q6_k(r, x),
-            _ => dot_q8_0(r, x),
+        *yr = if dtype == DType::Q4_K {
+            dot_q4_k(r, x)
+        } else {
+            dot_q6_k(r, x)
         };
     }
 }
@@ -497,10 +395,20 @@ impl<'a, const N: usize> Tokens<'a, N> {
     }
 }
 
-/// [`dot_nibbles`] of `N` tokens against one row: each block's scales and nibbles are
-/// decoded once for all of them, and each token's arithmetic is `dot_nibbles`'s, in its
-/// order (the same products, FMAs and sums), so `out[t]` is bit for bit
-/// `dot_nibbles(row, x[t])`.
+/// One row of a 32-weight nibble format against each of `N` tokens (module docs): `Q4_0`, `Q4_1` or
+/// `Q5_0` (`FMT` is its `DType` as `u8`, see [`nibble_format`]).
+///
+/// Per block, the f16 `[d_w, m]` (`Q4_0`, `Q5_0`: `[d_w, d_w]`) times the activation
+/// block's `[d_a, d_a·s]` (`Q8Acts::scale_pairs`) in one 4-lane multiply: lane 0 is
+/// `d_w·d_a` (broadcast for the FMA), lane 1 the offset term (`Q4_0`, `Q5_0`: without
+/// its `−8` or `−16`, applied to the sum), accumulated in lane 1 of a vector (the same
+/// sequential f32 sum as a scalar). `Q5_0`'s fifth bits are OR-ed into the nibbles as
+/// `16·bit` bytes, so the unsigned weights `0..32` meet `vpmaddubsw` as `Q4_*`'s do (pair
+/// sums at most `2·31·127`).
+///
+/// Each block's scales and nibbles are decoded once for all `N` tokens; each token's
+/// arithmetic is the same whatever `N` (the same products, FMAs and sums in its order),
+/// so `out[t]` is bit for bit the one-token result (`N = 1`, what `gemv` runs).
 ///
 /// # Panics
 /// If `row` is not as many blocks as `x` holds.
@@ -564,8 +472,9 @@ fn dot_nibbles_n<const FMT: u8, const N: usize>(row: &[u8], x: &Tokens<'_, N>) -
     out
 }
 
-/// [`dot_q8_0`] of `N` tokens against one row, each block's scale and `|w|` decoded once;
-/// `out[t]` is bit for bit `dot_q8_0(row, x[t])` (the same operations per token).
+/// One row of `Q8_0` against each of `N` tokens (module docs), each block's scale and
+/// `|w|` decoded once; `out[t]` is bit for bit the one-token result (the same operations
+/// per token whatever `N`).
 ///
 /// # Panics
 /// If `row` is not as many blocks as `x` holds.
@@ -610,8 +519,8 @@ fn dot_q8_0_n<const N: usize>(row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
 
 /// `y[t·stride ..][..rows] ← W x̂_t` for every token of `x`, each bit for bit [`gemv`] of
 /// that token: the 32-weight formats decode each row's blocks once per group of 4 (then
-/// 2) tokens ([`dot_nibbles_n`], [`dot_q8_0_n`]); the K formats and a last single token
-/// run [`gemv`].
+/// 2, then 1) tokens ([`dot_nibbles_n`], [`dot_q8_0_n`]); the K formats run [`gemv`] per
+/// token.
 ///
 /// # Panics
 /// If the shapes do not fit or `w` is a plain format.
