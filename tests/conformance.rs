@@ -6,18 +6,22 @@
 //! in the test-support crate; a backend outside this repository runs the same suite with
 //! the same one-line invocation.
 
+#[cfg(not(target_family = "wasm"))]
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 
 /// Threads of the rayon instantiations.
+#[cfg(not(target_family = "wasm"))]
 const RAYON_THREADS: usize = 2;
 
 kvcore_test_support::conformance_suite!(scalar, Scalar::new);
+#[cfg(not(target_family = "wasm"))] // no threads on wasm32 here (pthread_create fails)
 kvcore_test_support::conformance_suite!(rayon_scalar, || {
     Rayon::new(Scalar::new(), RAYON_THREADS).expect("thread pool")
 });
 kvcore_test_support::conformance_suite!(simd, Simd::new);
+#[cfg(not(target_family = "wasm"))]
 kvcore_test_support::conformance_suite!(rayon_simd, || {
     Rayon::new(Simd::new(), RAYON_THREADS).expect("thread pool")
 });

@@ -242,9 +242,16 @@ pub fn resolve_model(name: &Path) -> Result<PathBuf> {
 /// Peak resident set size of this process, from `getrusage(RUSAGE_SELF)` (Linux reports
 /// `ru_maxrss` in KiB); 0 where the OS does not say.
 pub fn peak_rss_bytes() -> u64 {
-    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        .map(|u| u64::try_from(u.max_rss()).unwrap_or(0) * 1024)
-        .unwrap_or(0)
+    #[cfg(unix)]
+    {
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+            .map(|u| u64::try_from(u.max_rss()).unwrap_or(0) * 1024)
+            .unwrap_or(0)
+    }
+    #[cfg(not(unix))]
+    {
+        0
+    }
 }
 
 /// A model on the backend its [`Options`] named; each arm is the core's monomorphised

@@ -1,5 +1,6 @@
-//! `kvcore-simd`: a [`Backend`] with explicit SIMD kernels, AVX2+FMA(+F16C) on x86_64
-//! and NEON on aarch64, chosen once at construction by run-time CPU feature detection.
+//! `kvcore-simd`: a [`Backend`] with explicit SIMD kernels, AVX2+FMA(+F16C) on x86_64,
+//! NEON on aarch64 and SIMD128 on wasm32, chosen once at construction by run-time CPU
+//! feature detection (on wasm32 at compile time: the platform has no run-time detection).
 //!
 //! Layout (one job per file, one folder per architecture):
 //! - `lib.rs`: [`Simd`], [`SimdPath`], feature detection and dispatch;
@@ -7,7 +8,7 @@
 //! - `ops.rs`: the drivers (GEMV, GEMM panels, attention, RMSNorm), generic over the
 //!   kernel and so monomorphised per family;
 //! - `sgemm.rs`: the checked wrapper around `matrixmultiply::sgemm` used by GEMM;
-//! - `x86/`, `aarch64/`: the kernels (`dot.rs` f32 vector code, `quant.rs` GEMV and
+//! - `x86/`, `aarch64/`, `wasm32/`: the kernels (`dot.rs` f32 vector code, `quant.rs` GEMV and
 //!   decoding on the packed weight bytes, `q8.rs` the 8-bit activation quantiser and
 //!   integer-dot GEMV).
 //!
@@ -36,6 +37,8 @@ mod sgemm;
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -54,23 +57,31 @@ pub enum SimdPath {
     Avx2Fma,
     /// aarch64 Advanced SIMD (NEON).
     Neon,
+    /// WebAssembly SIMD128 (a wasm32 build with `-C target-feature=+simd128`).
+    Simd128,
     /// No SIMD kernels: every operation is the scalar reference.
     Scalar,
 }
 
 impl SimdPath {
-    /// The name used by `KVCORE_SIMD` (`"avx2"`, `"neon"`, `"scalar"`).
+    /// The name used by `KVCORE_SIMD` (`"avx2"`, `"neon"`, `"simd128"`, `"scalar"`).
     pub const fn name(self) -> &'static str {
         match self {
             SimdPath::Avx2Fma => "avx2",
             SimdPath::Neon => "neon",
+            SimdPath::Simd128 => "simd128",
             SimdPath::Scalar => "scalar",
         }
     }
 
     /// The path named `name` as `KVCORE_SIMD` spells it, or `None`.
     pub fn from_name(name: &str) -> Option<SimdPath> {
-        [SimdPath::Avx2Fma, SimdPath::Neon, SimdPath::Scalar]
+        [
+            SimdPath::Avx2Fma,
+            SimdPath::Neon,
+            SimdPath::Simd128,
+            SimdPath::Scalar,
+        ]
             .into_iter()
             .find(|p| p.name() == name)
     }
@@ -83,6 +94,8 @@ enum Active {
     Avx2(x86::Avx2),
     #[cfg(target_arch = "aarch64")]
     Neon(aarch64::Neon),
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128(wasm32::Simd128),
     Scalar,
 }
 
@@ -121,6 +134,8 @@ impl Simd {
             SimdPath::Avx2Fma
         } else if cfg!(target_arch = "aarch64") {
             SimdPath::Neon
+        } else if cfg!(target_arch = "wasm32") {
+            SimdPath::Simd128
         } else {
             SimdPath::Scalar
         };
@@ -134,6 +149,10 @@ impl Simd {
             SimdPath::Avx2Fma => x86::Avx2::detect().map_or(Active::Scalar, Active::Avx2),
             #[cfg(target_arch = "aarch64")]
             SimdPath::Neon => aarch64::Neon::detect().map_or(Active::Scalar, Active::Neon),
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            SimdPath::Simd128 => {
+                wasm32::Simd128::detect().map_or(Active::Scalar, Active::Simd128)
+            }
             _ => Active::Scalar,
         };
         Simd { active }
@@ -146,6 +165,8 @@ impl Simd {
             Active::Avx2(_) => SimdPath::Avx2Fma,
             #[cfg(target_arch = "aarch64")]
             Active::Neon(_) => SimdPath::Neon,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Active::Simd128(_) => SimdPath::Simd128,
             Active::Scalar => SimdPath::Scalar,
         }
     }
@@ -160,6 +181,8 @@ macro_rules! dispatch {
             Active::Avx2($k) => $simd,
             #[cfg(target_arch = "aarch64")]
             Active::Neon($k) => $simd,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Active::Simd128($k) => $simd,
             Active::Scalar => $scalar,
         }
     };

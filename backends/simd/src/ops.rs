@@ -161,6 +161,9 @@ fn panels<K: Kernel>(
 /// the GEMV of token `t`. Shapes are checked by the caller.
 pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) {
     let rows = w.rows();
+    if x.is_empty() {
+        return; // no tokens: `y` is empty, and `y[r0..]` below would be out of range
+    }
     for r0 in (0..rows).step_by(PANEL_ROWS) {
         let p = PANEL_ROWS.min(rows - r0);
         let panel = w.slice_rows(r0..r0 + p);

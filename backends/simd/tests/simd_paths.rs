@@ -6,7 +6,9 @@
 //! `simd: N passed, M failed`, and exits non-zero on any failure.
 //!
 //! Paths: `Simd::with_path` for the architecture's SIMD path (AVX2+FMA on x86_64, NEON
-//! on aarch64) and for the scalar path; a path the CPU lacks is reported and skipped.
+//! on aarch64, SIMD128 on wasm32) and for the scalar path; a path the CPU lacks (or, on
+//! wasm32, a build without `+simd128`) is reported and skipped — `.ci/aarch64.sh` and
+//! `.ci/wasm.sh` check from the output that the path they expect ran.
 //! Inputs: proptest `TestRunner`s with a fixed seed and no persistence, plus
 //! deterministic sweeps over every weight format and the shapes 0, 1, 31, 32, 33, 63,
 //! 64, 65, an odd length, 576 and 1536 (block formats take the multiples of 32 among
@@ -811,6 +813,8 @@ fn main() -> ExitCode {
     let mut report = Report::default();
     let simd_path = if cfg!(target_arch = "aarch64") {
         SimdPath::Neon
+    } else if cfg!(target_arch = "wasm32") {
+        SimdPath::Simd128
     } else {
         SimdPath::Avx2Fma
     };

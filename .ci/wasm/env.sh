@@ -1,0 +1,22 @@
+# Source this to build kvcore for wasm32 with Debian's rustc-web (see ../shared/docs and
+# README "Platforms"): `. .ci/wasm/env.sh [simd|nosimd]`, then `wcargo build …`.
+# rustup's toolchain has no wasm32 target here; Debian's rustc 1.96 builds std from
+# rust-web-src with -Z build-std. The target dir depends on the SIMD choice, because a
+# change of flags rebuilds std.
+W="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mode="${1:-simd}"
+case "$mode" in
+  simd) feat="-C target-feature=+simd128" ;;
+  nosimd) feat="-C target-feature=-simd128" ;;
+  *) echo "env.sh: simd or nosimd, not $mode" >&2; return 2 ;;
+esac
+[ -f "$W/pthread_stubs.o" ] && [ "$W/pthread_stubs.o" -nt "$W/pthread_stubs.s" ] ||
+  /usr/lib/llvm-22/bin/llvm-mc -triple=wasm32-wasi -filetype=obj "$W/pthread_stubs.s" -o "$W/pthread_stubs.o"
+export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1
+WASI="$feat -C link-self-contained=no -L native=/usr/lib/wasm32-wasi -C link-arg=/usr/lib/wasm32-wasi/crt1-command.o -C link-arg=$W/pthread_stubs.o"
+export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="$WASI" RUSTDOCFLAGS="$WASI"
+export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$feat"
+export CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $W/run-wasi.mjs"
+export CARGO_TARGET_DIR="$(cd "$W/../.." && pwd)/target/wasm-$mode"
+unset RUSTFLAGS
+wcargo() { /usr/bin/cargo "$1" -Z build-std=std,panic_abort "${@:2}"; }

@@ -1,0 +1,103 @@
+//! wasm32 kernels: WebAssembly SIMD128, 4 f32 lanes per `v128`.
+//!
+//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
+//!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
+//! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
+//!   formats against it.
+//!
+//! WebAssembly has no run-time feature detection: a module either validates with SIMD128
+//! instructions or it does not load. So this module exists only when the crate is built
+//! with `-C target-feature=+simd128` (`.ci/wasm/env.sh simd`), and then every function in
+//! it may use the `core::arch::wasm32` intrinsics; without the flag the `Simd` backend is
+//! the scalar path. SIMD128 has no fused multiply-add (the relaxed-SIMD proposal's is
+//! not deterministic across engines) and no 8-bit multiply: products are rounded, then
+//! added, and integer dots widen the bytes to 16 bits (`i32x4_dot_i16x8`).
+
+mod dot;
+mod q8;
+mod quant;
+
+use crate::kernel::Kernel;
+use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
+
+/// Proof that this module was compiled for SIMD128: only [`Simd128::detect`] creates one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Simd128 {
+    _compiled: (),
+}
+
+impl Simd128 {
+    /// Always `Some`: a module built with SIMD128 only runs on an engine that validated
+    /// its SIMD instructions.
+    pub(crate) fn detect() -> Option<Simd128> {
+        Some(Simd128 { _compiled: () })
+    }
+}
+
+impl Kernel for Simd128 {
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
+        quant::gemv(w, x, block_sums, y)
+    }
+
+    fn quantize_q8(
+        self,
+        layout: Q8Layout,
+        x: &[f32],
+        scales: &mut [f32],
+        sums: &mut [i32],
+        values: &mut [i8],
+    ) {
+        q8::quantize(layout, x, scales, sums, values)
+    }
+
+    fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
+        q8::gemv(w, x, y)
+    }
+
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+        quant::dequantize(dtype, bytes, out)
+    }
+
+    fn scores<'a>(
+        self,
+        q: &[f32],
+        keys: impl Iterator<Item = &'a [f32]>,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        dot::scores(q, keys, scale, scores)
+    }
+
+    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
+        dot::weighted_sum(p, values, out)
+    }
+
+    fn exp_sum(self, x: &mut [f32]) -> PartStat {
+        dot::exp_sum(x)
+    }
+
+    fn softmax(self, x: &mut [f32]) {
+        dot::softmax(x)
+    }
+
+    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        dot::swiglu(gate, up, out)
+    }
+
+    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        dot::geglu(gate, up, out)
+    }
+
+    fn sum_squares(self, x: &[f32]) -> f32 {
+        dot::dot(x, x)
+    }
+
+    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+        dot::scale_mul(x, r, w, out)
+    }
+
+    fn add(self, acc: &mut [f32], x: &[f32]) {
+        dot::add(acc, x)
+    }
+}
