@@ -86,6 +86,7 @@ fn golden_simd() {
 }
 
 #[test]
+#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
 fn golden_rayon() {
     with_backend("rayon", &Golden);
 }

@@ -137,6 +137,7 @@ fn golden_gemma3_simd() {
 }
 
 #[test]
+#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
 fn golden_gemma3_rayon() {
     with_backend("rayon", &Golden);
 }

@@ -65,6 +65,7 @@ fn golden_q8_simd() {
 }
 
 #[test]
+#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
 fn golden_q8_rayon() {
     with_backend("rayon", &GoldenQ8);
 }

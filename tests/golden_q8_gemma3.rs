@@ -80,6 +80,7 @@ fn golden_q8_gemma3_simd() {
 }
 
 #[test]
+#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
 fn golden_q8_gemma3_rayon() {
     with_backend("rayon", &GoldenQ8Gemma3 { limit: usize::MAX });
 }

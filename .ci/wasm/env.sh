@@ -15,8 +15,12 @@ esac
 export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1
 WASI="$feat -C link-self-contained=no -L native=/usr/lib/wasm32-wasi -C link-arg=/usr/lib/wasm32-wasi/crt1-command.o -C link-arg=$W/pthread_stubs.o"
 export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="$WASI" RUSTDOCFLAGS="$WASI"
-export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$feat"
-export CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $W/run-wasi.mjs"
+# getrandom (the engine's prefix-cache key) has no browser backend without wasm-bindgen:
+# the "custom" one calls __getrandom_v03_custom, which kvcore-web defines.
+export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$feat --cfg getrandom_backend=\"custom\""
+# --single-threaded-gc: Node 20 crashes (SIGSEGV/SIGTRAP) at exit after a module with a
+# large memory (a test that loaded a model) under its concurrent GC; one GC thread does not.
+export CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings --single-threaded-gc $W/run-wasi.mjs"
 export CARGO_TARGET_DIR="$(cd "$W/../.." && pwd)/target/wasm-$mode"
 unset RUSTFLAGS
 wcargo() { /usr/bin/cargo "$1" -Z build-std=std,panic_abort "${@:2}"; }

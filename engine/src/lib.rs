@@ -382,26 +382,51 @@ impl Engine {
     /// Loads the model `model` names (a path, or `smollm2` / `gemma3`: see
     /// [`resolve_model`]) as `options` say.
     pub fn load(model: impl AsRef<Path>, options: Options) -> Result<Engine> {
-        let threads = match (options.backend, options.threads) {
-            (_, Some(0)) => {
-                return Err(Error::InvalidArgument(
-                    "threads must be at least 1".to_string(),
-                ));
-            }
-            (BackendChoice::Rayon, t) => t.unwrap_or_else(cores),
-            (_, None | Some(1)) => 1,
-            (b, Some(n)) => {
-                return Err(Error::InvalidArgument(format!(
-                    "the {b} backend runs on one thread, not {n}; threads apply to the rayon backend"
-                )));
-            }
-        };
+        let threads = Engine::threads_of(&options)?;
         let path = resolve_model(model.as_ref())?;
         let open = |source| Error::Open {
             path: path.clone(),
             source,
         };
         let file = GgufFile::open(&path).map_err(open)?;
+        Engine::from_gguf(file, path, options, threads)
+    }
+
+    /// Loads a model from the bytes of its GGUF file, as `options` say: for embedders
+    /// that hand the file in (a web page, a WebAssembly host without a file system).
+    /// [`Engine::path`] is then `<memory>`. Errors: those of [`Engine::load`] but the file
+    /// system's.
+    pub fn from_bytes(bytes: Vec<u8>, options: Options) -> Result<Engine> {
+        let threads = Engine::threads_of(&options)?;
+        let path = PathBuf::from("<memory>");
+        let file = GgufFile::from_bytes(bytes).map_err(|source| Error::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Engine::from_gguf(file, path, options, threads)
+    }
+
+    /// The worker threads `options` ask for, or why they cannot have them.
+    fn threads_of(options: &Options) -> Result<usize> {
+        match (options.backend, options.threads) {
+            (_, Some(0)) => Err(Error::InvalidArgument(
+                "threads must be at least 1".to_string(),
+            )),
+            (BackendChoice::Rayon, t) => Ok(t.unwrap_or_else(cores)),
+            (_, None | Some(1)) => Ok(1),
+            (b, Some(n)) => Err(Error::InvalidArgument(format!(
+                "the {b} backend runs on one thread, not {n}; threads apply to the rayon backend"
+            ))),
+        }
+    }
+
+    /// The engine of the parsed `file`.
+    fn from_gguf(
+        file: GgufFile,
+        path: PathBuf,
+        options: Options,
+        threads: usize,
+    ) -> Result<Engine> {
         let tok = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
         let acts = options.activations;
@@ -435,7 +460,7 @@ impl Engine {
         &self.model
     }
 
-    /// The file the model was loaded from.
+    /// The file the model was loaded from (`<memory>` after [`Engine::from_bytes`]).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -19,6 +19,7 @@
 //! `rows = dims[1] · dims[2] · dims[3]`.
 
 mod error;
+#[cfg(any(unix, windows))]
 mod mmap;
 mod reader;
 mod value;
@@ -79,7 +80,8 @@ impl GgufFile {
     /// map: weights are paged in on demand and never copied.
     ///
     /// The file must not be modified or truncated while the `GgufFile` lives (the caveat of
-    /// every memory-mapped reader; see `mmap.rs`).
+    /// every memory-mapped reader; see `mmap.rs`). On a platform without memory maps
+    /// (wasm32) the file is read into memory instead.
     ///
     /// Errors: [`GgufError::Io`] (naming the path) when it cannot be read,
     /// [`GgufError::NotAFile`] for a directory or other non-regular file, and any parse
@@ -99,16 +101,37 @@ impl GgufFile {
     }
 
     /// Memory-maps the regular file at `path` read-only.
+    #[cfg(any(unix, windows))]
     fn map(path: &Path) -> Result<memmap2::Mmap, GgufError> {
-        let io = |source| GgufError::Io {
+        GgufFile::regular(path)?;
+        let file = std::fs::File::open(path).map_err(|e| GgufFile::io(path, e))?;
+        mmap::map_readonly(&file).map_err(|e| GgufFile::io(path, e))
+    }
+
+    /// Reads the regular file at `path` into memory: the platforms without a memory map
+    /// (wasm32-wasip1), where `open` therefore costs a copy of the file.
+    #[cfg(not(any(unix, windows)))]
+    fn map(path: &Path) -> Result<Vec<u8>, GgufError> {
+        GgufFile::regular(path)?;
+        std::fs::read(path).map_err(|e| GgufFile::io(path, e))
+    }
+
+    /// `Ok` if `path` is a regular file.
+    fn regular(path: &Path) -> Result<(), GgufError> {
+        let meta = std::fs::metadata(path).map_err(|e| GgufFile::io(path, e))?;
+        if meta.is_file() {
+            Ok(())
+        } else {
+            Err(GgufError::NotAFile(path.to_path_buf()))
+        }
+    }
+
+    /// The I/O error `source` of `path`.
+    fn io(path: &Path, source: std::io::Error) -> GgufError {
+        GgufError::Io {
             path: path.to_path_buf(),
             source,
-        };
-        if !std::fs::metadata(path).map_err(io)?.is_file() {
-            return Err(GgufError::NotAFile(path.to_path_buf()));
         }
-        let file = std::fs::File::open(path).map_err(io)?;
-        mmap::map_readonly(&file).map_err(io)
     }
 
     /// Parses a whole file held in memory.
