@@ -82,8 +82,8 @@ impl SimdPath {
             SimdPath::Simd128,
             SimdPath::Scalar,
         ]
-            .into_iter()
-            .find(|p| p.name() == name)
+        .into_iter()
+        .find(|p| p.name() == name)
     }
 }
 
@@ -150,9 +150,7 @@ impl Simd {
             #[cfg(target_arch = "aarch64")]
             SimdPath::Neon => aarch64::Neon::detect().map_or(Active::Scalar, Active::Neon),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            SimdPath::Simd128 => {
-                wasm32::Simd128::detect().map_or(Active::Scalar, Active::Simd128)
-            }
+            SimdPath::Simd128 => wasm32::Simd128::detect().map_or(Active::Scalar, Active::Simd128),
             _ => Active::Scalar,
         };
         Simd { active }
