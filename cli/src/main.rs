@@ -10,6 +10,7 @@ mod chat;
 mod commands;
 mod info;
 mod perplexity;
+#[cfg(not(target_family = "wasm"))] // no sockets or threads on wasm32
 mod serve;
 
 use backends::{BackendChoice, KvChoice, parse_activations, parse_kv_type, parse_logit_bias};
@@ -49,9 +50,11 @@ enum Command {
     /// Serve the model over HTTP with OpenAI's API (chat and text completions, streamed
     /// or whole), many requests batched together over a paged KV cache with prefix
     /// caching; SIGTERM or Ctrl-C stops it.
+    #[cfg(not(target_family = "wasm"))]
     Serve(ServeArgs),
 }
 
+#[cfg(not(target_family = "wasm"))]
 #[derive(Args, Debug)]
 struct ServeArgs {
     #[command(flatten)]
@@ -469,6 +472,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::perplexity(a),
         Command::Info(a) => info::info(a),
         Command::Bench(a) => commands::bench(a),
+        #[cfg(not(target_family = "wasm"))]
         Command::Serve(a) => serve::serve(a),
     };
     match result {
