@@ -42,7 +42,11 @@ pub(super) fn scores<'a>(
     }
 }
 
-pub(super) fn weighted_sum<'a>(p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
+pub(super) fn weighted_sum<'a>(
+    p: &[f32],
+    values: impl Iterator<Item = &'a [f32]>,
+    out: &mut [f32],
+) {
     for (&pt, v) in p.iter().zip(values) {
         out.iter_mut().zip(v).for_each(|(o, &x)| *o += pt * x);
     }
