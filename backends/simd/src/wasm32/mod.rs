@@ -15,6 +15,7 @@
 //! added, and integer dots widen the bytes to 16 bits (`i32x4_dot_i16x8`).
 
 mod dot;
+mod kquant;
 mod q8;
 mod quant;
 

@@ -1,8 +1,55 @@
-//! SCAFFOLD (to be replaced by the SIMD128 kernels): the scalar reference.
+//! SIMD128 kernels for 8-bit activations (`kvcore::backend::q8` has the numerics); the
+//! twin of `aarch64/q8.rs`.
+//!
+//! - `quantize`: per block, the 4-lane vectors' absolute values (`f32x4_abs`), a
+//!   finiteness test `|x| < inf` (false for NaN and ±inf) and the absolute maximum by
+//!   `f32x4_max` and the lanes' `max` (exact, so any order gives the reference's
+//!   `amax`); `d = amax/127` and `1/d` in scalar f32 (the reference's operations), the
+//!   products `x·(1/d)` in f32, rounded to nearest-even (`f32x4_nearest`, then an exact
+//!   conversion) and narrowed 32 → 16 → 8 bits with saturation (no value is out of range:
+//!   `|q| ≤ 127`). The sum `Σq` in i32. Bit for bit the reference quantiser; non-finite and
+//!   tiny blocks take its special cases. `Q8_K` (blocks of 256): the same with
+//!   `iscale = −127/max` from the signed maximum and `min(·, 127)`, sums per 16.
+//! - `gemv`: SIMD128 has no 8-bit multiply, so the activations are widened to i16 once
+//!   per call (a reused buffer) and the weights are widened to i16 in registers: the
+//!   integer dot of a block is `i32x4_dot_i16x8` (products of lane pairs, summed in i32:
+//!   exact) over its 8-lane vectors, added in i32 (exact).
+//!   - `Q4_0`, `Q4_1`, `Q5_0`, `Q8_0` (against `Q8_0`), two rows at a time sharing the
+//!     activation loads: the 16 packed bytes are widened to u16 (bytes `0..8`, `8..16`)
+//!     and split into low nibbles (weights `0..16`) and high nibbles (`16..32`) by a mask
+//!     and a shift in 16-bit lanes; `Q5_0`'s fifth bit `j` is tested in lane `j mod 8` of
+//!     the broadcast `qh` against the mask `1 << j` and OR-ed in as 16; `Q8_0`'s bytes are
+//!     sign-extended. The block's four i32 lanes are converted to f32 (exact: `|i| < 2^24`)
+//!     and `acc ← acc + (d_w·d_a)·i` (a rounded multiply, then a rounded add: SIMD128 has
+//!     no FMA). The scales of both rows' blocks are widened from f16 in one vector
+//!     (`[d_0, m_0, d_1, m_1]`, `m = d` for the formats without one) and multiplied by
+//!     `[d_a, k·d_a s, d_a, k·d_a s]` from `Q8Acts::scale_pairs` (`k = −8, −16, 1, 0` for
+//!     `Q4_0`, `Q5_0`, `Q4_1`, `Q8_0`; scaling by a power of two is exact), so lanes 0 and 2
+//!     are the blocks' factors `d_w·d_a` and lanes 1 and 3 their offset terms `m·(d_a·s)`,
+//!     summed in a vector of their own. At the end the lanes are summed and the offsets
+//!     added. Against the reference (each term exact, summed in f64) only the rounding of
+//!     `d_w·d_a`, the multiply-adds and the final sums differ.
+//!   - `Q4_K` and `Q6_K` against `Q8_K`, one row at a time, per super-block as on NEON:
+//!     each 32-weight (`Q4_K`) or 16-weight (`Q6_K`) sub-block's integer dot times its
+//!     integer scale accumulated in four i32 lanes (`Q4_K`: at most `8·8·15·127·63 < 2^23`
+//!     a lane, so the conversion to f32 is exact; `Q6_K`: up to `64·32·127·127`, which may
+//!     round once), one multiply-add by `d·d_a` per super-block; `Q4_K`'s minimums
+//!     `Σ_t m_t·(s_2t + s_2t+1)` in scalar i32, times `dmin·d_a`, subtracted at the end.
+//!     `Q6_K`'s quants are assembled in byte lanes (`ql` nibble, `qh` bits shifted to bits
+//!     4 and 5 by constant shifts, minus 32) and then sign-extended.
 
-use kvcore::backend::q8::{quantize_block, quantize_block_k};
-use kvcore::backend::{Q8Acts, Q8Layout, Weights};
+use super::dot::{hsum, load};
+use super::quant::{f16_at, f16x4_to_f32, load_bytes};
+use core::arch::wasm32::*;
+use core::cell::RefCell;
+use kvcore::backend::q8::Q8_MAX;
+use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, QK_K, Weights, q4_k_scale_min};
 
+/// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
+/// `Q8Acts::quantize`.
+///
+/// # Panics
+/// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
 pub(super) fn quantize(
     layout: Q8Layout,
     x: &[f32],
@@ -11,22 +58,405 @@ pub(super) fn quantize(
     values: &mut [i8],
 ) {
     let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
-    for (((xb, qb), d), s) in x
+    assert!(x.len() == values.len() && x.len() == scales.len() * block);
+    assert_eq!(sums.len(), scales.len() * per);
+    let cap = i32x4_splat(127);
+    let blocks = x
         .chunks_exact(block)
         .zip(values.chunks_exact_mut(block))
-        .zip(scales.iter_mut())
-        .zip(sums.chunks_exact_mut(per))
-    {
-        *d = match layout {
-            Q8Layout::Q8_0 => quantize_block(xb, qb),
-            Q8Layout::Q8_K => quantize_block_k(xb, qb),
+        .zip(scales.iter_mut().zip(sums.chunks_exact_mut(per)));
+    for ((xb, qb), (d, s)) in blocks {
+        let (finite, amax) = abs_max(xb);
+        if !finite || amax / Q8_MAX < f32::MIN_POSITIVE {
+            qb.fill(0);
+            s.fill(0);
+            *d = if finite { 0.0 } else { f32::NAN };
+            continue;
+        }
+        // `Q8_0`: `x·(1/d)`, `d = amax/127`; `Q8_K`: `iscale·x`, `iscale = −127/max`
+        // with `max` the first value of largest magnitude, `min(·, 127)`.
+        let (factor, scale) = match layout {
+            Q8Layout::Q8_0 => {
+                let dd = amax / Q8_MAX;
+                (1.0 / dd, dd)
+            }
+            Q8Layout::Q8_K => {
+                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+                let iscale = -Q8_MAX / max;
+                (iscale, 1.0 / iscale)
+            }
         };
-        for (sj, qj) in s.iter_mut().zip(qb.chunks_exact(layout.sum_len())) {
-            *sj = qj.iter().map(|&q| i32::from(q)).sum();
+        let f = f32x4_splat(factor);
+        // 16 values at a time; a sum covers one or two groups of 16.
+        let mut group_sums = [0i32; QK_K / 16];
+        for ((xg, qg), gs) in xb
+            .chunks_exact(16)
+            .zip(qb.chunks_exact_mut(16))
+            .zip(group_sums.iter_mut())
+        {
+            let i: [v128; 4] = core::array::from_fn(|l| {
+                let r = f32x4_nearest(f32x4_mul(load(&xg[4 * l..]), f));
+                // `r` is an integer of magnitude ≤ 128: the conversion is exact.
+                i32x4_min(i32x4_trunc_sat_f32x4(r), cap)
+            });
+            let q = i8x16_narrow_i16x8(
+                i16x8_narrow_i32x4(i[0], i[1]),
+                i16x8_narrow_i32x4(i[2], i[3]),
+            );
+            // SAFETY: `qg` is 16 bytes (a `chunks_exact_mut(16)` chunk); `v128_store`
+            // has no alignment requirement.
+            unsafe { v128_store(qg.as_mut_ptr().cast(), q) };
+            *gs = hsum_i32(i32x4_add(i32x4_add(i[0], i[1]), i32x4_add(i[2], i[3])));
+        }
+        let groups = layout.sum_len() / 16;
+        for (sj, g) in s.iter_mut().zip(group_sums.chunks_exact(groups)) {
+            *sj = g.iter().sum();
+        }
+        *d = scale;
+    }
+}
+
+/// Whether none of `x` is NaN or infinite, and the largest `|x|` (exact, so any order
+/// gives the reference's `amax`; only meaningful when all are finite).
+///
+/// # Panics
+/// If `x.len()` is not a multiple of 4.
+#[inline]
+fn abs_max(x: &[f32]) -> (bool, f32) {
+    assert!(x.len().is_multiple_of(4));
+    let inf = f32x4_splat(f32::INFINITY);
+    let (mut fin, mut amax) = (u32x4_splat(u32::MAX), f32x4_splat(0.0));
+    for c in x.chunks_exact(4) {
+        let a = f32x4_abs(load(c));
+        // `|x| < inf`: false for ±inf and NaN.
+        fin = v128_and(fin, f32x4_lt(a, inf));
+        amax = f32x4_max(amax, a);
+    }
+    let m = f32x4_max(amax, i32x4_shuffle::<2, 3, 0, 1>(amax, amax));
+    let m = f32x4_extract_lane::<0>(m).max(f32x4_extract_lane::<1>(m));
+    (i32x4_all_true(fin), m)
+}
+
+/// The sum of the four i32 lanes of `v`.
+#[inline]
+fn hsum_i32(v: v128) -> i32 {
+    let h = i32x4_add(v, i32x4_shuffle::<2, 3, 0, 1>(v, v));
+    i32x4_extract_lane::<0>(h) + i32x4_extract_lane::<1>(h)
+}
+
+/// Eight i16 lanes from `a[0..8]`.
+///
+/// # Panics
+/// If `a.len() < 8`.
+#[inline]
+fn load_i16(a: &[i16]) -> v128 {
+    assert!(a.len() >= 8);
+    // SAFETY: 16 bytes are in bounds (asserted); `v128_load` has no alignment requirement.
+    unsafe { v128_load(a.as_ptr().cast()) }
+}
+
+/// `Σ_j w_j a_j` over 32 weights as four i32 lanes: `w` and `a` as four 8-lane i16
+/// vectors each (weights `0..8, 8..16, 16..24, 24..32`); exact.
+#[inline]
+fn dot32(w: [v128; 4], a: &[v128; 4]) -> v128 {
+    i32x4_add(
+        i32x4_add(i32x4_dot_i16x8(w[0], a[0]), i32x4_dot_i16x8(w[1], a[1])),
+        i32x4_add(i32x4_dot_i16x8(w[2], a[2]), i32x4_dot_i16x8(w[3], a[3])),
+    )
+}
+
+/// The 32 activations of `a[0..32]` (widened) as four i16 vectors.
+#[inline]
+fn acts32(a: &[i16]) -> [v128; 4] {
+    core::array::from_fn(|k| load_i16(&a[8 * k..]))
+}
+
+/// A 32-weight block format against `Q8_0` activations.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Legacy {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+}
+
+impl Legacy {
+    #[inline(always)]
+    fn bytes(self) -> usize {
+        match self {
+            Legacy::Q4_0 => DType::Q4_0,
+            Legacy::Q4_1 => DType::Q4_1,
+            Legacy::Q5_0 => DType::Q5_0,
+            Legacy::Q8_0 => DType::Q8_0,
+        }
+        .block_bytes()
+    }
+
+    /// The factor `k` of the offset term `k·d·(d_a·s)` (`Q4_1`: its stored `m`, so 1).
+    #[inline(always)]
+    fn offset(self) -> f32 {
+        match self {
+            Legacy::Q4_0 => -8.0,
+            Legacy::Q4_1 => 1.0,
+            Legacy::Q5_0 => -16.0,
+            Legacy::Q8_0 => 0.0,
+        }
+    }
+
+    /// The f16 bit patterns `[d, m]` of block `b` as two u32 (`m = d` but for `Q4_1`).
+    #[inline(always)]
+    fn scale_bits(self, b: &[u8]) -> (u32, u32) {
+        let d = u32::from(u16::from_le_bytes([b[0], b[1]]));
+        let m = match self {
+            Legacy::Q4_1 => u32::from(u16::from_le_bytes([b[2], b[3]])),
+            _ => d,
+        };
+        (d, m)
+    }
+
+    /// Block `b`'s 32 weights (without the offset) as four i16 vectors, in order.
+    #[inline(always)]
+    fn weights(self, b: &[u8]) -> [v128; 4] {
+        match self {
+            Legacy::Q8_0 => {
+                let (lo, hi) = (load_bytes(&b[2..]), load_bytes(&b[18..]));
+                [
+                    i16x8_extend_low_i8x16(lo),
+                    i16x8_extend_high_i8x16(lo),
+                    i16x8_extend_low_i8x16(hi),
+                    i16x8_extend_high_i8x16(hi),
+                ]
+            }
+            _ => {
+                let qs = match self {
+                    Legacy::Q4_1 => 4,
+                    Legacy::Q5_0 => 6,
+                    _ => 2,
+                };
+                let p = load_bytes(&b[qs..]);
+                let (p0, p1) = (u16x8_extend_low_u8x16(p), u16x8_extend_high_u8x16(p));
+                let m = u16x8_splat(15);
+                let mut w = [
+                    v128_and(p0, m),
+                    v128_and(p1, m),
+                    u16x8_shr(p0, 4),
+                    u16x8_shr(p1, 4),
+                ];
+                if self == Legacy::Q5_0 {
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let bit = u16x8(1, 2, 4, 8, 16, 32, 64, 128);
+                    let sixteen = u16x8_splat(16);
+                    for (k, wk) in w.iter_mut().enumerate() {
+                        // Bits 8k..8k + 8 of `qh`, in the low byte of every lane.
+                        let h = u16x8_splat((qh >> (8 * k)) as u16);
+                        let set = i16x8_ne(v128_and(h, bit), u16x8_splat(0));
+                        *wk = v128_or(*wk, v128_and(set, sixteen));
+                    }
+                }
+                w
+            }
         }
     }
 }
 
+/// Two rows of `fmt` against the widened activations `a` (module docs).
+///
+/// # Panics
+/// If a row is not `a.len() / 32` blocks or `pairs` is not `[d_a, d_a·s]` per block.
+#[inline(always)]
+fn dot2_legacy(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], pairs: &[f32]) -> [f32; 2] {
+    let bb = fmt.bytes();
+    let n = a.len() / QK;
+    assert!(rows.iter().all(|r| r.len() == n * bb) && pairs.len() == 2 * n);
+    let k = fmt.offset();
+    let kv = f32x4(1.0, k, 1.0, k);
+    let mut acc = [f32x4_splat(0.0); 2];
+    let mut offsets = f32x4_splat(0.0);
+    let blocks = rows[0]
+        .chunks_exact(bb)
+        .zip(rows[1].chunks_exact(bb))
+        .zip(a.chunks_exact(QK).zip(pairs.chunks_exact(2)));
+    for ((b0, b1), (ab, p)) in blocks {
+        let av = acts32(ab);
+        let ((d0, m0), (d1, m1)) = (fmt.scale_bits(b0), fmt.scale_bits(b1));
+        let s = f16x4_to_f32(u32x4(d0, m0, d1, m1));
+        let da = f32x4(p[0], p[1], p[0], p[1]);
+        let f = f32x4_mul(s, f32x4_mul(da, kv));
+        let i0 = f32x4_convert_i32x4(dot32(fmt.weights(b0), &av));
+        let i1 = f32x4_convert_i32x4(dot32(fmt.weights(b1), &av));
+        acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
+        acc[1] = f32x4_add(acc[1], f32x4_mul(i1, i32x4_shuffle::<2, 2, 2, 2>(f, f)));
+        offsets = f32x4_add(offsets, f);
+    }
+    let (o0, o1) = if fmt == Legacy::Q8_0 {
+        (0.0, 0.0)
+    } else {
+        (
+            f32x4_extract_lane::<1>(offsets),
+            f32x4_extract_lane::<3>(offsets),
+        )
+    };
+    [hsum(acc[0]) + o0, hsum(acc[1]) + o1]
+}
+
+/// `y ← W x̂` for a 32-weight block format, two rows at a time (an odd last row paired
+/// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant there.
+#[inline(always)]
+fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], pairs: &[f32], y: &mut [f32]) {
+    let rb = w.row_bytes();
+    let mut rows = w.data().chunks_exact(2 * rb);
+    let mut yp = y.chunks_exact_mut(2);
+    for (r, yr) in rows.by_ref().zip(yp.by_ref()) {
+        let (r0, r1) = r.split_at(rb);
+        yr.copy_from_slice(&dot2_legacy(fmt, [r0, r1], a, pairs));
+    }
+    if let [last] = yp.into_remainder() {
+        let r = rows.remainder();
+        *last = dot2_legacy(fmt, [r, r], a, pairs)[0];
+    }
+}
+
+/// One row of `Q4_K` against `Q8_K` activations (widened: `a`; scales and sums of `x`),
+/// see the module docs.
+///
+/// # Panics
+/// If `row` is not `a.len() / 256` super-blocks.
+#[inline]
+fn dot_q4_k(row: &[u8], a: &[i16], x: &Q8Acts) -> f32 {
+    let bytes = DType::Q4_K.block_bytes();
+    let per = QK_K / Q8Layout::Q8_K.sum_len();
+    assert_eq!(row.len(), x.scales().len() * bytes);
+    assert_eq!(x.sums().len(), x.scales().len() * per);
+    let mask = u16x8_splat(15);
+    let mut acc = f32x4_splat(0.0);
+    let mut mins = 0.0f32;
+    let blocks = row
+        .chunks_exact(bytes)
+        .zip(a.chunks_exact(QK_K))
+        .zip(x.scales().iter().zip(x.sums().chunks_exact(per)));
+    for ((b, ab), (&da, s)) in blocks {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let mut sumi = i32x4_splat(0);
+        let mut m_int = 0i32;
+        for g in 0..4 {
+            let (sc0, m0) = q4_k_scale_min(&b[4..16], 2 * g);
+            let (sc1, m1) = q4_k_scale_min(&b[4..16], 2 * g + 1);
+            let q = &b[16 + 32 * g..];
+            let (p0, p1) = (load_bytes(q), load_bytes(&q[16..]));
+            let wide = [
+                u16x8_extend_low_u8x16(p0),
+                u16x8_extend_high_u8x16(p0),
+                u16x8_extend_low_u8x16(p1),
+                u16x8_extend_high_u8x16(p1),
+            ];
+            let lo = wide.map(|v| v128_and(v, mask));
+            let hi = wide.map(|v| u16x8_shr(v, 4));
+            let d0 = dot32(lo, &acts32(&ab[64 * g..]));
+            let d1 = dot32(hi, &acts32(&ab[64 * g + 32..]));
+            sumi = i32x4_add(sumi, i32x4_mul(d0, i32x4_splat(i32::from(sc0))));
+            sumi = i32x4_add(sumi, i32x4_mul(d1, i32x4_splat(i32::from(sc1))));
+            m_int += i32::from(m0) * (s[4 * g] + s[4 * g + 1])
+                + i32::from(m1) * (s[4 * g + 2] + s[4 * g + 3]);
+        }
+        let factor = f32x4_splat(d * da);
+        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(sumi), factor));
+        mins += (dmin * da) * m_int as f32;
+    }
+    hsum(acc) - mins
+}
+
+/// One row of `Q6_K` against `Q8_K` activations (widened: `a`; scales of `x`), see the
+/// module docs.
+///
+/// # Panics
+/// If `row` is not `a.len() / 256` super-blocks.
+#[inline]
+fn dot_q6_k(row: &[u8], a: &[i16], x: &Q8Acts) -> f32 {
+    let bytes = DType::Q6_K.block_bytes();
+    assert_eq!(row.len(), x.scales().len() * bytes);
+    let mut acc = f32x4_splat(0.0);
+    let blocks = row
+        .chunks_exact(bytes)
+        .zip(a.chunks_exact(QK_K))
+        .zip(x.scales());
+    for ((b, ab), &da) in blocks {
+        assert!(b.len() == 210 && ab.len() == 256);
+        let d = f16_at(b, 208);
+        let mut sumi = i32x4_splat(0);
+        for c in 0..8 {
+            let (n, k) = (c / 4, c % 4);
+            let low = &b[64 * n + 32 * (k % 2)..];
+            let high = &b[128 + 32 * n..];
+            for half in 0..2 {
+                let l = load_bytes(&low[16 * half..]);
+                let l = if k >= 2 {
+                    u8x16_shr(l, 4)
+                } else {
+                    v128_and(l, u8x16_splat(15))
+                };
+                // (h >> 2k & 3) << 4, by one constant shift and a mask of bits 4, 5.
+                let h = load_bytes(&high[16 * half..]);
+                let h = match k {
+                    0 => i8x16_shl(h, 4),
+                    1 => i8x16_shl(h, 2),
+                    2 => h,
+                    _ => u8x16_shr(h, 2),
+                };
+                let q = i8x16_sub(v128_or(l, v128_and(h, u8x16_splat(0x30))), i8x16_splat(32));
+                let at = 32 * c + 16 * half;
+                let dot = i32x4_add(
+                    i32x4_dot_i16x8(i16x8_extend_low_i8x16(q), load_i16(&ab[at..])),
+                    i32x4_dot_i16x8(i16x8_extend_high_i8x16(q), load_i16(&ab[at + 8..])),
+                );
+                let sc = i32::from(b[192 + 2 * c + half] as i8);
+                sumi = i32x4_add(sumi, i32x4_mul(dot, i32x4_splat(sc)));
+            }
+        }
+        let factor = f32x4_splat(d * da);
+        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(sumi), factor));
+    }
+    hsum(acc)
+}
+
+thread_local! {
+    /// The activations widened to i16, reused across calls.
+    static WIDE: RefCell<Vec<i16>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `y ← W x̂` for a block-format `w`.
+///
+/// # Panics
+/// If the shapes do not fit (`x: [cols]`, `y: [rows]`) or `w` is a plain format.
 pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
-    kvcore::backend::q8::gemv_reference(w, x, y).expect("shapes checked")
+    assert!(x.len() == w.cols() && y.len() == w.rows());
+    let rb = w.row_bytes();
+    if rb == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let dtype = w.dtype();
+    assert!(
+        kvcore::backend::q8::supports(dtype),
+        "no q8 GEMV for {dtype}"
+    );
+    WIDE.with_borrow_mut(|a| {
+        a.clear();
+        a.extend(x.values().iter().map(|&v| i16::from(v)));
+        let a = a.as_slice();
+        // One loop per format, each with its kernel inlined.
+        let pairs = x.scale_pairs();
+        let rows = || w.data().chunks_exact(rb);
+        match dtype {
+            DType::Q4_K => rows()
+                .zip(y.iter_mut())
+                .for_each(|(r, yr)| *yr = dot_q4_k(r, a, x)),
+            DType::Q6_K => rows()
+                .zip(y.iter_mut())
+                .for_each(|(r, yr)| *yr = dot_q6_k(r, a, x)),
+            DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, a, pairs, y),
+            DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, a, pairs, y),
+            DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, a, pairs, y),
+            _ => gemv_legacy(Legacy::Q8_0, w, a, pairs, y),
+        }
+    })
 }
