@@ -7,7 +7,9 @@ GGUF (as model.gguf, which the page loads by itself) from a temporary directory 
 #send, and waits until #output shows the reference's greedy continuation (computed in
 float64 by an independent implementation: ../shared/reference). Fails if it does not
 appear, if the reply differs from it, or if the browser console has an error. Saves a
-screenshot (docs/web.png) and prints one JSON line with the speeds the page showed.
+screenshot (docs/web.png), then does it again on a copy of the page without model.gguf,
+loading the file through the file picker (#file), and prints one JSON line with the
+speeds the page showed.
 
 Selenium from PyPI (the version .ci/web.sh pins), Debian's chromium and chromedriver.
 """
@@ -119,73 +121,38 @@ def main():
     server = None
     driver = None
     try:
-        for name in ("index.html", "app.js", "worker.js"):
-            shutil.copy(WEB / name, site / name)
-        shutil.copy(a.wasm, site / "kvcore_web.wasm")
+        # /: the page with model.gguf beside it; /picker/: without, for the file picker.
+        picker = site / "picker"
+        picker.mkdir()
+        for d in (site, picker):
+            for name in ("index.html", "app.js", "worker.js"):
+                shutil.copy(WEB / name, d / name)
+            shutil.copy(a.wasm, d / "kvcore_web.wasm")
         (site / "model.gguf").symlink_to(a.model.resolve())
         server = serve(site)
-        url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
-
+        base = f"http://127.0.0.1:{server.server_address[1]}"
         driver = browser(a.chromedriver)
-        t0 = time.monotonic()
-        driver.get(url)
-        el = lambda i: driver.find_element(By.ID, i)  # noqa: E731
-        state = lambda: el("status").get_attribute("data-state")  # noqa: E731
 
-        # The page loads model.gguf by itself; the prompt is enabled once it is ready.
-        try:
-            WebDriverWait(driver, a.timeout).until(
-                lambda d: state() in ("error", "nomodel")
-                or (state() == "ready" and el("prompt").is_enabled())
-            )
-        except TimeoutException:
-            fail(driver, f"the model did not load in {a.timeout:.0f} s: {el('status').text!r}")
-        if state() != "ready":
-            fail(driver, f"loading failed: {el('status').text!r}")
-        load_s = time.monotonic() - t0
-
-        el("prompt").send_keys(user)
-        el("send").click()
-        t1 = time.monotonic()
-        try:
-            WebDriverWait(driver, a.timeout).until(
-                lambda d: expected in el("output").text or state() == "error"
-            )
-            WebDriverWait(driver, a.timeout).until(lambda d: state() in ("done", "error"))
-        except TimeoutException:
-            fail(
-                driver,
-                f"no reference continuation in {a.timeout:.0f} s: status "
-                f"{el('status').text!r}, output {el('output').text!r}",
-            )
-        if state() == "error":
-            fail(driver, f"the page reported an error: {el('status').text!r}")
-        reply_s = time.monotonic() - t1
-
-        replies = driver.find_elements(By.CSS_SELECTOR, "#output .msg.assistant .text")
-        reply = replies[-1].text if replies else ""
-        if reply.strip() != expected.strip():
-            fail(driver, f"the reply {reply!r} is not the reference's {expected!r}")
-
+        served = chat_once(driver, f"{base}/index.html", None, user, expected, a.timeout)
         a.screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(a.screenshot))
         errors = console_errors(driver)
         if errors:
             fail(driver, "console errors:\n  " + "\n  ".join(errors))
 
-        num = lambda i, attr: float(el(i).get_attribute(attr) or 0)  # noqa: E731
+        # The file picker: the worker's fetch of model.gguf is the one expected 404.
+        picked = chat_once(driver, f"{base}/picker/index.html", a.model, user, expected, a.timeout)
+        errors = [e for e in console_errors(driver) if "picker/model.gguf" not in e]
+        if errors:
+            fail(driver, "console errors (file picker):\n  " + "\n  ".join(errors))
+
         print(
             json.dumps(
                 {
                     "test": "web_page",
                     "case": CASE,
-                    "reply": reply,
-                    "prefill_tok_s": round(num("prefill", "data-tok-s"), 2),
-                    "decode_tok_s": round(num("toks", "data-tok-s"), 2),
-                    "tokens": int(el("ntok").text or 0),
-                    "kv_bytes": int(num("kv", "data-bytes")),
-                    "load_s": round(load_s, 2),
-                    "reply_s": round(reply_s, 2),
+                    **served,
+                    "picker": {k: picked[k] for k in ("reply", "decode_tok_s", "load_s")},
                     "screenshot": str(a.screenshot),
                     "chromium": driver.capabilities.get("browserVersion"),
                 }
@@ -197,6 +164,70 @@ def main():
         if server is not None:
             server.shutdown()
         shutil.rmtree(site, ignore_errors=True)
+
+
+def chat_once(driver, url, pick, user, expected, timeout):
+    """Opens the page at `url`, loads the model (by itself, or the file `pick` through
+    the file picker), sends `user` and checks that the reply is `expected`; returns what
+    the page showed."""
+    t0 = time.monotonic()
+    driver.get(url)
+    el = lambda i: driver.find_element(By.ID, i)  # noqa: E731
+    state = lambda: el("status").get_attribute("data-state")  # noqa: E731
+    wait = lambda cond: WebDriverWait(driver, timeout).until(lambda d: cond())  # noqa: E731
+
+    if pick is not None:
+        try:
+            wait(lambda: state() in ("nomodel", "error", "ready"))
+        except TimeoutException:
+            fail(driver, f"the page did not ask for a file: {el('status').text!r}")
+        if state() != "nomodel":
+            fail(driver, f"without model.gguf the page says {el('status').text!r}")
+        t0 = time.monotonic()
+        el("file").send_keys(str(pick.resolve()))
+    # The prompt is enabled once the model is ready.
+    ends = ("error", "nomodel") if pick is None else ("error",)
+    try:
+        wait(lambda: state() in ends or (state() == "ready" and el("prompt").is_enabled()))
+    except TimeoutException:
+        fail(driver, f"the model did not load in {timeout:.0f} s: {el('status').text!r}")
+    if state() != "ready":
+        fail(driver, f"loading failed: {el('status').text!r}")
+    load_s = time.monotonic() - t0
+
+    el("prompt").send_keys(user)
+    el("send").click()
+    t1 = time.monotonic()
+    try:
+        # The continuation streams in; the reply then ends (at the model's end of turn).
+        wait(lambda: expected in el("output").text or state() in ("done", "error"))
+        wait(lambda: state() in ("done", "error"))
+    except TimeoutException:
+        fail(
+            driver,
+            f"no reference continuation in {timeout:.0f} s: status "
+            f"{el('status').text!r}, output {el('output').text!r}",
+        )
+    if state() == "error":
+        fail(driver, f"the page reported an error: {el('status').text!r}")
+    if expected not in el("output").text:
+        fail(driver, f"the reference continuation {expected!r} is not in {el('output').text!r}")
+    reply_s = time.monotonic() - t1
+
+    replies = driver.find_elements(By.CSS_SELECTOR, "#output .msg.assistant .text")
+    reply = replies[-1].text if replies else ""
+    if reply.strip() != expected.strip():
+        fail(driver, f"the reply {reply!r} is not the reference's {expected!r}")
+    num = lambda i, attr: float(el(i).get_attribute(attr) or 0)  # noqa: E731
+    return {
+        "reply": reply,
+        "prefill_tok_s": round(num("prefill", "data-tok-s"), 2),
+        "decode_tok_s": round(num("toks", "data-tok-s"), 2),
+        "tokens": int(el("ntok").text or 0),
+        "kv_bytes": int(num("kv", "data-bytes")),
+        "load_s": round(load_s, 2),
+        "reply_s": round(reply_s, 2),
+    }
 
 
 def console_errors(driver):
