@@ -18,9 +18,13 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="$WASI" RUSTDOCFLAGS="$WASI"
 # getrandom (the engine's prefix-cache key) has no browser backend without wasm-bindgen:
 # the "custom" one calls __getrandom_v03_custom, which kvcore-web defines.
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$feat --cfg getrandom_backend=\"custom\""
-# --single-threaded-gc: Node 20 crashes (SIGSEGV/SIGTRAP) at exit after a module with a
-# large memory (a test that loaded a model) under its concurrent GC; one GC thread does not.
-export CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings --single-threaded-gc $W/run-wasi.mjs"
+# wasmtime (PyPI) runs the test modules: run-wasi.py; its virtual environment is made on
+# first use.
+_wasm_venv="$(cd "$W/../.." && pwd)/target/wasm-venv"
+if [ ! -x "$_wasm_venv/bin/python" ] || ! "$_wasm_venv/bin/python" -c "import wasmtime" 2>/dev/null; then
+  python3 -m venv "$_wasm_venv" && "$_wasm_venv/bin/python" -m pip install -q --disable-pip-version-check wasmtime==50.0.1
+fi
+export CARGO_TARGET_WASM32_WASIP1_RUNNER="$_wasm_venv/bin/python $W/run-wasi.py"
 export CARGO_TARGET_DIR="$(cd "$W/../.." && pwd)/target/wasm-$mode"
 unset RUSTFLAGS
 wcargo() { /usr/bin/cargo "$1" -Z build-std=std,panic_abort "${@:2}"; }

@@ -1,7 +1,7 @@
-// The WASI runner cargo uses for wasm32-wasip1 (CARGO_TARGET_WASM32_WASIP1_RUNNER):
-// `node --no-warnings run-wasi.mjs module.wasm args…`, the host's / preopened, the
-// environment passed through, the module's exit code returned (run it with
-// --single-threaded-gc: see env.sh).
+// Node.js as a WASI host, for benchmarks (V8 is the browsers' engine): `node --no-warnings
+// --single-threaded-gc run-wasi.mjs module.wasm args…`, the host's / preopened, the
+// environment passed through, the module's exit code returned. The tests run in wasmtime
+// instead (run-wasi.py says why).
 import { readFile } from 'node:fs/promises';
 import { WASI } from 'node:wasi';
 import { argv, env } from 'node:process';

@@ -109,11 +109,31 @@ impl GgufFile {
     }
 
     /// Reads the regular file at `path` into memory: the platforms without a memory map
-    /// (wasm32-wasip1), where `open` therefore costs a copy of the file.
+    /// (wasm32-wasip1), where `open` therefore costs a copy of the file. In pieces of
+    /// 16 MiB: a WASI host may refuse one read as large as a model (wasmtime answers
+    /// `ENOMEM` for 250 MB).
     #[cfg(not(any(unix, windows)))]
     fn map(path: &Path) -> Result<Vec<u8>, GgufError> {
+        use std::io::Read;
+        const PIECE: usize = 16 << 20;
         GgufFile::regular(path)?;
-        std::fs::read(path).map_err(|e| GgufFile::io(path, e))
+        let io = |e| GgufFile::io(path, e);
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let len = usize::try_from(len).map_err(|_| io(std::io::ErrorKind::OutOfMemory.into()))?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|_| io(std::io::ErrorKind::OutOfMemory.into()))?;
+        loop {
+            let n = (&mut file)
+                .take(PIECE as u64)
+                .read_to_end(&mut bytes)
+                .map_err(io)?;
+            if n == 0 {
+                return Ok(bytes);
+            }
+        }
     }
 
     /// `Ok` if `path` is a regular file.

@@ -9,22 +9,22 @@
 //!   kernel and so monomorphised per family;
 //! - `sgemm.rs`: the checked wrapper around `matrixmultiply::sgemm` used by GEMM;
 //! - `x86/`, `aarch64/`, `wasm32/`: the kernels (`dot.rs` f32 vector code, `quant.rs` GEMV and
-//!   decoding on the packed weight bytes, `q8.rs` the 8-bit activation quantiser and
-//!   integer-dot GEMV).
+//!   decoding on the packed weight bytes, `kquant.rs` that of `Q5_0`, `Q4_K`, `Q6_K`,
+//!   `q8.rs` the 8-bit activation quantiser and integer-dot GEMV).
 //!
 //! | op | SIMD path |
 //! |----|-----------|
-//! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32; on x86 the row 4 ahead prefetched (`x86/dot.rs`, `PREFETCH_ROWS`: mapped weights cross a 4 KiB page every few rows, where the hardware prefetchers stop) |
+//! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32; on x86 the row 4 ahead prefetched (`x86/dot.rs`, `PREFETCH_ROWS`: mapped weights cross a 4 KiB page every few rows, where the hardware prefetchers stop); on SIMD128 (no FMA) a multiply then an add, two rows of `Q4_*`/`Q8_0` at a time in a transposed block order that needs no byte shuffles (`wasm32/quant.rs`) |
 //! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
 //! | `attention` | in parts of 256 slots folded by an exact log-sum-exp merge (so `Rayon` can split a decode step's keys over threads); per tile of query rows and a KV group's heads, blocks of 64 key/value rows read in their stored type (f32, f16, bf16, q8_0) once for every vector of the tile; SIMD scores, `exp` and weighted sums |
-//! | `softmax` | a vectorised `exp` within 3 ulps, the same Cephes `expf` in 8 (AVX2, `x86/dot.rs`) or 4 lanes (NEON, `aarch64/dot.rs`) |
+//! | `softmax` | a vectorised `exp` within 3 ulps, the same Cephes `expf` in 8 (AVX2, `x86/dot.rs`) or 4 lanes (NEON, `aarch64/dot.rs`; SIMD128, `wasm32/dot.rs`, without FMA) |
 //! | `rms_norm` | SIMD sum of squares and products |
 //! | `add` | SIMD (bit for bit the scalar result) |
-//! | `swiglu`, `geglu` | `g / (1 + e^k)` with the vectorised `exp` (AVX2 and NEON) |
+//! | `swiglu`, `geglu` | `g / (1 + e^k)` with the vectorised `exp` (AVX2, NEON, SIMD128) |
 //! | `rope`, `embed_row` | the scalar reference |
 //! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
 //! | `gemm_q8` | per panel of 64 weight rows, the tokens in groups of up to 4 (AVX2; NEON: one by one): each row's blocks decoded once per group, each token's arithmetic its `gemv_q8`'s, so each token's row is bit for bit its GEMV |
-//! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`) |
+//! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`); SIMD128 has no 8-bit multiply: the activations widened to i16 once per call, `i32x4.dot_i16x8_s`, two rows at a time |
 //!
 //! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),
 //! activations stay f32, so results differ from [`kvcore_scalar::Scalar`] by rounding

@@ -34,13 +34,13 @@
 //!   halved by the square root, plus the reciprocal and two products:
 //!   `2·((d + 3)/2 + 9)·u·|out|`.
 //! - add, embedding rows: bit for bit (correctly rounded, or the same code).
-//! - SwiGLU and GeGLU: bit for bit on the scalar path. On AVX2 and NEON (`g / (1 + e^k)`
-//!   with the vectorised `exp`, the same algorithm in 8 or 4 lanes): SwiGLU within `12u·|out|` (3 ulps of `exp` against 1,
+//! - SwiGLU and GeGLU: bit for bit on the scalar path. On AVX2, NEON and SIMD128 (`g / (1 + e^k)`
+//!   with the vectorised `exp`, the same algorithm in 8 or 4 lanes, without FMA on SIMD128): SwiGLU within `12u·|out|` (3 ulps of `exp` against 1,
 //!   and each side's add, division and product), plus `1e-35·|u|` where the vector `exp`
 //!   saturates to `∞` from 88.38 on and libm's only at 88.72; GeGLU within `20u·|g·u|`:
 //!   the reference's `1 + tanh z` is within `3u·|out| + 10.5u·|g·u|` of exact (the
 //!   conformance oracle's bound), the logistic form within `6u·|g·u|`.
-//! - softmax of `n` entries: bit for bit on the scalar path; on AVX2 and NEON (vectorised
+//! - softmax of `n` entries: bit for bit on the scalar path; on AVX2, NEON and SIMD128 (vectorised
 //!   `exp` within 3 ulps against libm's 1, an 8- or 4-lane sum against a left-to-right one,
 //!   each within `n·u` relative, one division each) within `(2n + 12)·u·|p|`, plus
 //!   `2·f32::MIN_POSITIVE` for weights below it, which the vector `exp` flushes to zero.

@@ -21,11 +21,13 @@
 //!     the broadcast `qh` against the mask `1 << j` and OR-ed in as 16; `Q8_0`'s bytes are
 //!     sign-extended. The block's four i32 lanes are converted to f32 (exact: `|i| < 2^24`)
 //!     and `acc ← acc + (d_w·d_a)·i` (a rounded multiply, then a rounded add: SIMD128 has
-//!     no FMA). The scales of both rows' blocks are widened from f16 in one vector
-//!     (`[d_0, m_0, d_1, m_1]`, `m = d` for the formats without one) and multiplied by
-//!     `[d_a, k·d_a s, d_a, k·d_a s]` from `Q8Acts::scale_pairs` (`k = −8, −16, 1, 0` for
-//!     `Q4_0`, `Q5_0`, `Q4_1`, `Q8_0`; scaling by a power of two is exact), so lanes 0 and 2
-//!     are the blocks' factors `d_w·d_a` and lanes 1 and 3 their offset terms `m·(d_a·s)`,
+//!     no FMA). The scales of both rows' blocks are loaded as lanes and widened from f16
+//!     in one vector (`[d_0, m_0, d_1, m_1]`, `m = d` for the formats without one; exact
+//!     for finite scales, see `scales_to_f32`) and multiplied by
+//!     `[d_a, k·d_a s, d_a, k·d_a s]`, built once per call from `Q8Acts::scale_pairs`
+//!     (`k = −8, −16, 1, 0` for `Q4_0`, `Q5_0`, `Q4_1`, `Q8_0`; `k·(d_a s)` is exact, a
+//!     power of two), so lanes 0 and 2 are the blocks' factors `d_w·d_a` and lanes 1 and 3
+//!     their offset terms `m·(d_a·s)` (`Q4_0`: `d_w·(−8·d_a s)`, the same product),
 //!     summed in a vector of their own. At the end the lanes are summed and the offsets
 //!     added. Against the reference (each term exact, summed in f64) only the rounding of
 //!     `d_w·d_a`, the multiply-adds and the final sums differ.
@@ -39,7 +41,7 @@
 //!     4 and 5 by constant shifts, minus 32) and then sign-extended.
 
 use super::dot::{hsum, load};
-use super::quant::{f16_at, f16x4_to_f32, load_bytes};
+use super::quant::{f16_at, load_bytes};
 use core::arch::wasm32::*;
 use core::cell::RefCell;
 use kvcore::backend::q8::Q8_MAX;
@@ -203,15 +205,28 @@ impl Legacy {
         }
     }
 
-    /// The f16 bit patterns `[d, m]` of block `b` as two u32 (`m = d` but for `Q4_1`).
+    /// The f16 bit patterns of the scales of blocks `b0` and `b1` in four u32 lanes,
+    /// `[d_0, m_0, d_1, m_1]` (`m = d` but for `Q4_1`), by lane loads.
+    ///
+    /// # Panics
+    /// If a block is shorter than 4 bytes.
     #[inline(always)]
-    fn scale_bits(self, b: &[u8]) -> (u32, u32) {
-        let d = u32::from(u16::from_le_bytes([b[0], b[1]]));
-        let m = match self {
-            Legacy::Q4_1 => u32::from(u16::from_le_bytes([b[2], b[3]])),
-            _ => d,
+    fn scale_bits2(self, b0: &[u8], b1: &[u8]) -> v128 {
+        assert!(b0.len() >= 4 && b1.len() >= 4);
+        let (p0, p1) = (b0.as_ptr(), b1.as_ptr());
+        // SAFETY: each load reads 2 or 4 bytes from the start of a block of at least 4
+        // (asserted); the lane loads have no alignment requirement.
+        let h = unsafe {
+            if self == Legacy::Q4_1 {
+                // u16 lanes `[d_0, m_0, d_1, m_1, 0, …]`.
+                v128_load32_lane::<1>(v128_load32_zero(p0.cast()), p1.cast())
+            } else {
+                // u16 lanes `[d_0, d_0, d_1, d_1, d_0, …]`.
+                let v = v128_load16_splat(p0.cast());
+                v128_load16_lane::<3>(v128_load16_lane::<2>(v, p1.cast()), p1.cast())
+            }
         };
-        (d, m)
+        u32x4_extend_low_u16x8(h)
     }
 
     /// Block `b`'s 32 weights (without the offset) as four i16 vectors, in order.
@@ -259,29 +274,42 @@ impl Legacy {
     }
 }
 
-/// Two rows of `fmt` against the widened activations `a` (module docs).
+/// Four f16 scales (bit patterns in u32 lanes) widened to f32: exact for finite values
+/// (`(h & 0x7fff) << 13` as f32 times `2^112`, the sign moved to bit 31), ±inf for
+/// ±inf, a NaN for a NaN (its payload not kept: a NaN scale makes the row NaN either
+/// way). Four operations fewer than `quant.rs`'s bit-exact `f16x4_to_f32`.
+#[inline(always)]
+fn scales_to_f32(h: v128) -> v128 {
+    let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
+    let em = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
+    let rebased = f32x4_mul(em, f32x4_splat(f32::from_bits(0x7780_0000)));
+    // Exponent 31 (inf or NaN) rebases to 2^16 or more; every finite f16 to less.
+    let special = f32x4_ge(rebased, f32x4_splat(65536.0));
+    let inf_nan = v128_or(em, u32x4_splat(0x7f80_0000));
+    v128_or(v128_bitselect(inf_nan, rebased, special), sign)
+}
+
+/// Two rows of `fmt` against the widened activations `a` (module docs); `t` holds
+/// `[d_a, k·d_a s, d_a, k·d_a s]` per block. (Four rows at a time measured slower under
+/// V8 on x86_64: with twice the accumulators live, its 16 vector registers spill.)
 ///
 /// # Panics
-/// If a row is not `a.len() / 32` blocks or `pairs` is not `[d_a, d_a·s]` per block.
+/// If a row is not `a.len() / 32` blocks or `t` is not 4 values per block.
 #[inline(always)]
-fn dot2_legacy(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], pairs: &[f32]) -> [f32; 2] {
+fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
     let bb = fmt.bytes();
     let n = a.len() / QK;
-    assert!(rows.iter().all(|r| r.len() == n * bb) && pairs.len() == 2 * n);
-    let k = fmt.offset();
-    let kv = f32x4(1.0, k, 1.0, k);
+    assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
     let mut acc = [f32x4_splat(0.0); 2];
+    // Lanes 1 and 3: the offset terms of rows 0 and 1.
     let mut offsets = f32x4_splat(0.0);
     let blocks = rows[0]
         .chunks_exact(bb)
         .zip(rows[1].chunks_exact(bb))
-        .zip(a.chunks_exact(QK).zip(pairs.chunks_exact(2)));
-    for ((b0, b1), (ab, p)) in blocks {
+        .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
+    for ((b0, b1), (ab, tb)) in blocks {
         let av = acts32(ab);
-        let ((d0, m0), (d1, m1)) = (fmt.scale_bits(b0), fmt.scale_bits(b1));
-        let s = f16x4_to_f32(u32x4(d0, m0, d1, m1));
-        let da = f32x4(p[0], p[1], p[0], p[1]);
-        let f = f32x4_mul(s, f32x4_mul(da, kv));
+        let f = f32x4_mul(scales_to_f32(fmt.scale_bits2(b0, b1)), load(tb));
         let i0 = f32x4_convert_i32x4(dot32(fmt.weights(b0), &av));
         let i1 = f32x4_convert_i32x4(dot32(fmt.weights(b1), &av));
         acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
@@ -300,20 +328,31 @@ fn dot2_legacy(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], pairs: &[f32]) -> [f32;
 }
 
 /// `y ← W x̂` for a 32-weight block format, two rows at a time (an odd last row paired
-/// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant there.
+/// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant
+/// there.
 #[inline(always)]
-fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], pairs: &[f32], y: &mut [f32]) {
+fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], x: &Q8Acts, y: &mut [f32]) {
     let rb = w.row_bytes();
-    let mut rows = w.data().chunks_exact(2 * rb);
-    let mut yp = y.chunks_exact_mut(2);
-    for (r, yr) in rows.by_ref().zip(yp.by_ref()) {
-        let (r0, r1) = r.split_at(rb);
-        yr.copy_from_slice(&dot2_legacy(fmt, [r0, r1], a, pairs));
-    }
-    if let [last] = yp.into_remainder() {
-        let r = rows.remainder();
-        *last = dot2_legacy(fmt, [r, r], a, pairs)[0];
-    }
+    TABLE.with_borrow_mut(|t| {
+        // `[d_a, k·d_a s, d_a, k·d_a s]` per block, `k` the format's offset factor.
+        let k = fmt.offset();
+        t.clear();
+        t.extend(
+            x.scale_pairs()
+                .chunks_exact(2)
+                .flat_map(|p| [p[0], k * p[1], p[0], k * p[1]]),
+        );
+        let t = t.as_slice();
+        for (r, yr) in w.data().chunks(2 * rb).zip(y.chunks_mut(2)) {
+            let (r0, r1) = if r.len() == 2 * rb {
+                r.split_at(rb)
+            } else {
+                (r, r)
+            };
+            let v = dot2(fmt, [r0, r1], a, t);
+            yr.copy_from_slice(&v[..yr.len()]);
+        }
+    })
 }
 
 /// One row of `Q4_K` against `Q8_K` activations (widened: `a`; scales and sums of `x`),
@@ -421,6 +460,8 @@ fn dot_q6_k(row: &[u8], a: &[i16], x: &Q8Acts) -> f32 {
 thread_local! {
     /// The activations widened to i16, reused across calls.
     static WIDE: RefCell<Vec<i16>> = const { RefCell::new(Vec::new()) };
+    /// The 32-weight formats' per-block activation factors (`gemv_legacy`), reused.
+    static TABLE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `y ← W x̂` for a block-format `w`.
@@ -444,7 +485,6 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         a.extend(x.values().iter().map(|&v| i16::from(v)));
         let a = a.as_slice();
         // One loop per format, each with its kernel inlined.
-        let pairs = x.scale_pairs();
         let rows = || w.data().chunks_exact(rb);
         match dtype {
             DType::Q4_K => rows()
@@ -453,10 +493,10 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
             DType::Q6_K => rows()
                 .zip(y.iter_mut())
                 .for_each(|(r, yr)| *yr = dot_q6_k(r, a, x)),
-            DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, a, pairs, y),
-            DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, a, pairs, y),
-            DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, a, pairs, y),
-            _ => gemv_legacy(Legacy::Q8_0, w, a, pairs, y),
+            DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, a, x, y),
+            DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, a, x, y),
+            DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, a, x, y),
+            _ => gemv_legacy(Legacy::Q8_0, w, a, x, y),
         }
     })
 }

@@ -70,7 +70,7 @@ pub(super) fn load_bytes(b: &[u8]) -> v128 {
 
 /// Four f16 bit patterns (in u32 lanes) widened exactly to f32 (see the module docs).
 #[inline]
-pub(super) fn f16x4_to_f32(w: v128) -> v128 {
+fn f16x4_to_f32(w: v128) -> v128 {
     let sign = i32x4_shl(v128_and(w, u32x4_splat(0x8000)), 16);
     let em = i32x4_shl(v128_and(w, u32x4_splat(0x7fff)), 13);
     let rebased = f32x4_mul(em, f32x4_splat(f32::from_bits(0x7780_0000)));
