@@ -1,19 +1,23 @@
 // The page: sends the user's messages to worker.js and renders what it posts back (the
 // reply as it streams, the prefill and decode speeds, the KV cache's size, the status).
 // Element ids are stable (web/tests/page_test.py drives them): #prompt #send #reset
-// #file #output #status #model #prefill #toks #ntok #kv; #prefill and #toks carry the
+// #file #acts #output #status #model #prefill #toks #ntok #kv; #prefill and #toks carry the
 // number in data-tok-s, #kv in data-bytes, #status the state in data-state ("loading",
-// "ready", "busy", "done", "error", "nomodel").
+// "ready", "busy", "done", "error", "nomodel"). #acts chooses f32 or 8-bit activations
+// (its first value from the page's URL, index.html?acts=q8); changing it reloads the
+// model (the conversation starts over).
 
 const $ = (id) => document.getElementById(id);
 const ui = {
-  prompt: $("prompt"), send: $("send"), reset: $("reset"), file: $("file"), output: $("output"),
+  prompt: $("prompt"), send: $("send"), reset: $("reset"), file: $("file"), acts: $("acts"), output: $("output"),
   status: $("status"), model: $("model"), prefill: $("prefill"), toks: $("toks"), ntok: $("ntok"), kv: $("kv"),
 };
 const MAX_TOKENS = 256;
-const worker = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
+if (new URLSearchParams(location.search).get("acts") === "q8") ui.acts.value = "q8";
+const worker = new Worker(new URL(`worker.js?acts=${ui.acts.value}`, import.meta.url), { type: "module" });
 let current = null; // the .text element of the reply being streamed
 let loaded = false;
+let source = null; // the File the model came from (null: model.gguf, served)
 
 function status(text, state) {
   ui.status.textContent = text;
@@ -24,6 +28,7 @@ function status(text, state) {
 function enable(on) {
   for (const el of [ui.prompt, ui.send, ui.reset]) el.disabled = !on;
   ui.file.disabled = !on && loaded;
+  ui.acts.disabled = !on && loaded;
   if (on) ui.prompt.focus();
 }
 
@@ -74,10 +79,12 @@ worker.onmessage = ({ data: m }) => {
     case "nomodel":
       status("no model.gguf beside the page: open a GGUF file (SmolLM2-135M-Instruct)", "nomodel");
       ui.file.disabled = false;
+      ui.acts.disabled = false;
       break;
     case "loaded":
       loaded = true;
-      ui.model.textContent = `${m.name} (${bytesText(m.bytes)})`;
+      ui.model.textContent = `${m.name} (${bytesText(m.bytes)}, ${m.acts === "q8" ? "8-bit" : "f32"} activations)`;
+      ui.model.dataset.acts = m.acts;
       status(`ready: loaded in ${(m.ms / 1000).toFixed(1)} s`, "ready");
       enable(true);
       break;
@@ -128,11 +135,27 @@ worker.onerror = (e) => {
 ui.file.addEventListener("change", () => {
   const file = ui.file.files[0];
   if (!file) return;
+  source = file;
+  reload(`reading ${file.name}…`);
+});
+
+// Loads the model again (the picked file, or model.gguf) with the chosen activations.
+function reload(text) {
   loaded = false;
   enable(false);
   ui.file.disabled = true;
-  status(`reading ${file.name}…`, "loading");
-  worker.postMessage({ type: "load", file });
+  ui.acts.disabled = true;
+  ui.output.replaceChildren();
+  current = null;
+  for (const el of [ui.prefill, ui.toks]) setRate(el, 0);
+  ui.ntok.textContent = "0";
+  status(text, "loading");
+  worker.postMessage({ type: "load", file: source, acts: ui.acts.value });
+}
+
+ui.acts.addEventListener("change", () => {
+  // Before any model is loaded, the choice applies to the file picked next.
+  if (loaded) reload(`loading the model again with ${ui.acts.value === "q8" ? "8-bit" : "f32"} activations…`);
 });
 
 $("form").addEventListener("submit", (e) => {

@@ -2,14 +2,15 @@
 // and imports), loads a GGUF into it and runs chat replies, posting to the page:
 //   {type: "status", text}                      what is happening
 //   {type: "progress", loaded, total}           model bytes read so far
-//   {type: "loaded", name, bytes, ms}           a model is ready
+//   {type: "loaded", name, bytes, ms, acts}     a model is ready
 //   {type: "nomodel"}                           no model.gguf beside the page: pick a file
 //   {type: "text", text}                        the next piece of the reply
 //   {type: "stats", tokens, tokPerS, kvBytes, phase}  phase: "prefill" | "decode" | "done"
 //   {type: "done", ok: true} | {type: "error", message}
 //   {type: "reset", kvBytes}                    the conversation is forgotten
-// and receiving {type: "load", file} (a File from the picker), {type: "chat", text,
-// maxTokens} and {type: "reset"}. kv_chat runs synchronously here: the page stays
+// and receiving {type: "load", file, acts} (a File from the picker, or no file: model.gguf
+// again), {type: "chat", text, maxTokens} and {type: "reset"}; acts is "f32" or "q8"
+// (8-bit activations), the first load's from this script's URL (worker.js?acts=q8). kv_chat runs synchronously here: the page stays
 // responsive and receives the pieces as they are posted.
 
 const PHASES = ["prefill", "decode", "done"];
@@ -117,15 +118,27 @@ function alloc(n) {
   return ptr;
 }
 
-async function load(stream, total, name) {
+async function load(stream, total, name, acts) {
   const t0 = performance.now();
   post({ type: "status", text: `reading ${name}…` });
   const [ptr, len] = await readInto(stream, total);
   post({ type: "status", text: `loading ${name} (${(len / 2 ** 20).toFixed(1)} MiB)…` });
   // Let the status message go out before the synchronous load.
   await new Promise((r) => setTimeout(r, 0));
-  if (wasm.kv_load(ptr, len) !== 0) throw new Error(`cannot load ${name}: ${lastError()}`);
-  post({ type: "loaded", name, bytes: len, ms: performance.now() - t0 });
+  if (wasm.kv_load(ptr, len, acts === "q8" ? 1 : 0) !== 0) {
+    throw new Error(`cannot load ${name}: ${lastError()}`);
+  }
+  post({ type: "loaded", name, bytes: len, ms: performance.now() - t0, acts });
+}
+
+// model.gguf beside the page, if it is served: whether it was.
+async function loadServed(acts) {
+  const res = await fetch(new URL("model.gguf", self.location.href), { cache: "no-store" }).catch(() => null);
+  if (!(res && res.ok && res.body)) return false;
+  // A compressed response's length is not the file's: read it to the end instead.
+  const len = res.headers.get("content-encoding") ? NaN : Number(res.headers.get("content-length"));
+  await load(res.body, Number.isFinite(len) && len > 0 ? len : null, "model.gguf", acts);
+  return true;
 }
 
 function chat(text, maxTokens) {
@@ -152,8 +165,10 @@ self.onmessage = async (ev) => {
   if (busy) return fail("busy: wait for the current request to finish");
   busy = true;
   try {
-    if (m.type === "load") {
-      await load(m.file.stream(), m.file.size, m.file.name);
+    if (m.type === "load" && m.file) {
+      await load(m.file.stream(), m.file.size, m.file.name, m.acts);
+    } else if (m.type === "load") {
+      if (!(await loadServed(m.acts))) throw new Error("model.gguf is no longer served");
     } else if (m.type === "chat") {
       chat(m.text, m.maxTokens ?? 256);
       post({ type: "done", ok: true });
@@ -176,14 +191,8 @@ self.onmessage = async (ev) => {
     post({ type: "status", text: "compiling kvcore_web.wasm…" });
     wasm = await instantiate();
     // A model served beside the page loads by itself; otherwise the page asks for a file.
-    const res = await fetch(new URL("model.gguf", self.location.href), { cache: "no-store" }).catch(() => null);
-    if (res && res.ok && res.body) {
-      // A compressed response's length is not the file's: read it to the end instead.
-      const len = res.headers.get("content-encoding") ? NaN : Number(res.headers.get("content-length"));
-      await load(res.body, Number.isFinite(len) && len > 0 ? len : null, "model.gguf");
-    } else {
-      post({ type: "nomodel" });
-    }
+    const acts = new URL(import.meta.url).searchParams.get("acts") === "q8" ? "q8" : "f32";
+    if (!(await loadServed(acts))) post({ type: "nomodel" });
   } catch (e) {
     fail(e);
   } finally {

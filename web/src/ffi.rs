@@ -18,7 +18,7 @@
 //! The module is single-threaded (a Web Worker's instance), so the state is a
 //! thread-local.
 
-use crate::{Chat, Host, Stats};
+use crate::{Activations, Chat, Host, Stats};
 use std::cell::RefCell;
 
 /// Success.
@@ -116,22 +116,33 @@ pub extern "C" fn kv_free(ptr: *mut u8, len: usize) {
 }
 
 /// Loads the GGUF file in the `kv_alloc` buffer `ptr`/`len` (taking it, whether or not
-/// it loads), replacing any model loaded before.
+/// it loads), replacing any model loaded before; `acts` 0 runs it with f32 activations,
+/// 1 with 8-bit ones.
 #[unsafe(no_mangle)]
-pub extern "C" fn kv_load(ptr: *mut u8, len: usize) -> i32 {
+pub extern "C" fn kv_load(ptr: *mut u8, len: usize, acts: u32) -> i32 {
     if ptr.is_null() {
         return fail(ERROR, "kv_load: null buffer");
     }
     // SAFETY: the caller hands over a buffer `kv_alloc(len)` returned, once (the
     // contract of this export); from here Rust owns it.
     let bytes = unsafe { take(ptr, len) };
+    let activations = match acts {
+        0 => Activations::F32,
+        1 => Activations::Q8,
+        other => {
+            return fail(
+                ERROR,
+                format!("kv_load: activations {other}: 0 (f32) or 1 (8-bit)"),
+            );
+        }
+    };
     CHAT.with(|c| {
         let Ok(mut slot) = c.try_borrow_mut() else {
             return fail(BUSY, "kv_load: called while a reply is being generated");
         };
         // Free the previous model before parsing the next: two at once may not fit.
         *slot = None;
-        match Chat::load(bytes) {
+        match Chat::load(bytes, activations) {
             Ok(chat) => {
                 *slot = Some(chat);
                 OK

@@ -26,6 +26,7 @@
 #[cfg(target_arch = "wasm32")]
 mod ffi;
 
+pub use kvcore_engine::kvcore::model::Activations;
 use kvcore_engine::kvcore::model::{Sampler, SamplerParams};
 use kvcore_engine::kvcore::tokenizer::ChatMessage;
 use kvcore_engine::{BackendChoice, Engine, EngineSession, Options, TextPieces};
@@ -83,12 +84,13 @@ pub struct Reply {
 }
 
 /// How the page runs the model: the SIMD backend on the one thread a Web Worker has,
-/// f32 activations (the reference's greedy continuations), an f32 cache that grows on
-/// demand.
-pub fn options() -> Options {
+/// `activations` (f32, the reference's numerics, or the faster 8-bit path), an f32
+/// cache that grows on demand.
+pub fn options(activations: Activations) -> Options {
     Options {
         backend: BackendChoice::Simd,
         threads: Some(1),
+        activations,
         ..Options::default()
     }
 }
@@ -103,9 +105,10 @@ pub struct Chat {
 }
 
 impl Chat {
-    /// The chat of the GGUF file `bytes` (a chat model: it needs a chat template).
-    pub fn load(bytes: Vec<u8>) -> Result<Chat, String> {
-        let engine = Engine::from_bytes(bytes, options()).map_err(|e| e.message())?;
+    /// The chat of the GGUF file `bytes` (a chat model: it needs a chat template), run
+    /// with `activations` (see [`options`]).
+    pub fn load(bytes: Vec<u8>, activations: Activations) -> Result<Chat, String> {
+        let engine = Engine::from_bytes(bytes, options(activations)).map_err(|e| e.message())?;
         if engine.template().is_none() {
             return Err("the model has no chat template (tokenizer.chat_template): \
                         a base model cannot chat"

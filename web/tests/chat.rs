@@ -2,7 +2,7 @@
 //! streamed through a `Host` with its stats in order, a second turn that reuses the
 //! cache, the user's text kept literal, and clear errors.
 
-use kvcore_web::{Chat, Host, Phase, Stats};
+use kvcore_web::{Activations, Chat, Host, Phase, Stats};
 use serde_json::Value;
 use std::cell::Cell;
 
@@ -54,7 +54,7 @@ fn chat_hello() -> (String, Vec<u32>, String) {
 
 fn chat() -> Chat {
     let path = kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required");
-    Chat::load(std::fs::read(path).expect("read SmolLM2")).expect("load")
+    Chat::load(std::fs::read(path).expect("read SmolLM2"), Activations::F32).expect("load")
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn user_text_is_data_and_errors_are_clear() {
     assert!(e.contains("max_tokens"), "{e}");
     assert!(chat.history().is_empty() && host.stats.is_empty());
 
-    let e = Chat::load(b"GGUF but not really".to_vec())
+    let e = Chat::load(b"GGUF but not really".to_vec(), Activations::F32)
         .err()
         .expect("not a model");
     assert!(e.contains("<memory>"), "{e}");
