@@ -5,6 +5,7 @@
 //! Layout (one job per file, one folder per architecture):
 //! - `lib.rs`: [`Simd`], [`SimdPath`], feature detection and dispatch;
 //! - `kernel.rs`: the crate-private `Kernel` trait an instruction-set family implements;
+//! - `kformat.rs`: the formats the `kquant.rs` files decode (`Q5_0`, `Q4_K`, `Q6_K`);
 //! - `ops.rs`: the drivers (GEMV, GEMM panels, attention, RMSNorm), generic over the
 //!   kernel and so monomorphised per family;
 //! - `sgemm.rs`: the checked wrapper around `matrixmultiply::sgemm` used by GEMM;
@@ -32,6 +33,12 @@
 //! with a `// SAFETY:` comment.
 
 mod kernel;
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+mod kformat;
 mod ops;
 mod sgemm;
 

@@ -23,41 +23,16 @@
 
 use super::dot::{load, store};
 use half::f16;
-use kvcore::backend::{DType, QK, Weights};
+use kvcore::backend::{QK, Weights};
 use kvcore_scalar::quant::q4_k_scale_min;
 use std::arch::aarch64::*;
 
-/// The formats this file decodes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, reason = "the ggml names of the formats")]
-pub(super) enum Format {
-    Q5_0,
-    Q4_K,
-    Q6_K,
-}
+pub(super) use crate::kformat::Format;
 
 /// One decoded chunk: weights `4v..4v + 4` in vector `v`.
 type Chunk = [float32x4_t; 8];
 
 impl Format {
-    /// The format of `dtype`, if this file decodes it.
-    pub(super) fn of(dtype: DType) -> Option<Format> {
-        match dtype {
-            DType::Q5_0 => Some(Format::Q5_0),
-            DType::Q4_K => Some(Format::Q4_K),
-            DType::Q6_K => Some(Format::Q6_K),
-            _ => None,
-        }
-    }
-
-    fn dtype(self) -> DType {
-        match self {
-            Format::Q5_0 => DType::Q5_0,
-            Format::Q4_K => DType::Q4_K,
-            Format::Q6_K => DType::Q6_K,
-        }
-    }
-
     /// Decode chunk `c` (weights `32c..32c + 32`) of the stored block `b`.
     ///
     /// # Panics

@@ -30,40 +30,15 @@
 use super::dot::{hsum, load, store};
 use super::quant::{f16_at, i8x16_to_f32, join, load_bytes};
 use core::arch::wasm32::*;
-use kvcore::backend::{DType, QK, Weights};
+use kvcore::backend::{QK, Weights};
 use kvcore_scalar::quant::q4_k_scale_min;
 
-/// The formats this file decodes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, reason = "the ggml names of the formats")]
-pub(super) enum Format {
-    Q5_0,
-    Q4_K,
-    Q6_K,
-}
+pub(super) use crate::kformat::Format;
 
 /// One decoded chunk: weights `4v..4v + 4` in vector `v`.
 type Chunk = [v128; 8];
 
 impl Format {
-    /// The format of `dtype`, if this file decodes it.
-    pub(super) fn of(dtype: DType) -> Option<Format> {
-        match dtype {
-            DType::Q5_0 => Some(Format::Q5_0),
-            DType::Q4_K => Some(Format::Q4_K),
-            DType::Q6_K => Some(Format::Q6_K),
-            _ => None,
-        }
-    }
-
-    fn dtype(self) -> DType {
-        match self {
-            Format::Q5_0 => DType::Q5_0,
-            Format::Q4_K => DType::Q4_K,
-            Format::Q6_K => DType::Q6_K,
-        }
-    }
-
     /// Decode chunk `c` (weights `32c..32c + 32`) of the stored block `b`.
     ///
     /// # Panics
@@ -228,6 +203,7 @@ fn decode(fmt: Format, bytes: &[u8], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvcore::backend::DType;
 
     /// A small deterministic generator of test bytes (xorshift64).
     struct Bytes(u64);
