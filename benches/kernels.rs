@@ -185,7 +185,7 @@ fn gemv_q8(c: &mut Criterion) {
         let bytes = matrix(dtype, rows, cols);
         let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
         let layout = Q8Layout::of(dtype).expect("8-bit path");
-        for n in [1usize, 2, 4, 8] {
+        for n in [1usize, 2, 4, 8, 16] {
             let xq: Vec<Q8Acts> = (0..n)
                 .map(|t| Q8Acts::from_f32(layout, &values(cols, 2 + t as u64)).expect("blocks"))
                 .collect();

@@ -10,8 +10,8 @@ use kvcore_rayon::{Rayon, RayonError};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use kvcore_test_support::conformance::cases::{
-    Add, Attention, AttnShape, Case, Embed, Geglu, Gemm, Gemv, GemvQ8, RmsNorm, RopeCase, Softmax,
-    Swiglu,
+    Add, Attention, AttentionBatch, AttnShape, Case, Embed, Geglu, Gemm, Gemv, GemvQ8, RmsNorm,
+    RopeCase, Softmax, Swiglu,
 };
 use kvcore_test_support::conformance::model::{GEMMA3_MATMULS, MATMUL_SHAPES};
 use kvcore_test_support::conformance::oracle::bits;
@@ -72,6 +72,24 @@ fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
 }
 
 fn model_ops<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
+    // A batched decode step of 8 sequences at depths 60..200 (the jobs spread whole over
+    // the threads), and of 2 (job by job).
+    for n_seqs in [8usize, 2] {
+        let jobs = (0..n_seqs).map(|i| {
+            let shape = AttnShape {
+                pos0: 60 + 20 * i,
+                ..SMOLLM2_ATTN
+            };
+            Attention::new(shape, 1, 0, 0xba7c + i as u64)
+        });
+        same_bits(
+            inner,
+            pools,
+            &AttentionBatch {
+                jobs: jobs.collect(),
+            },
+        );
+    }
     // Decode (one new row after 300 cached) and prefill (64 rows, causal).
     let decode = AttnShape {
         pos0: 300,
@@ -194,6 +212,24 @@ macro_rules! bitwise_suite {
                         .with_kv_types((k, v))
                         .with_window(window);
                     same_bits(&*INNER, &POOLS, &case);
+                }
+
+                /// Several sequences in one `attention_batch` (a batched decode step or
+                /// short prefills over caches of their own depths): `Rayon` runs many
+                /// balanced ones whole on its threads, the others job by job; either way
+                /// each job's bits are the inner backend's `attention` of it.
+                #[test]
+                fn attention_batch(
+                    n_kv in 1usize..4, group in 1usize..4,
+                    jobs in prop::collection::vec((0usize..400, 1usize..3, 0usize..2), 0..12),
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    seed in any::<u64>()
+                ) {
+                    let jobs = jobs.into_iter().enumerate().map(|(i, (pos0, n_new, extra))| {
+                        let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim: 64, pos0 };
+                        Attention::new(shape, n_new, extra, seed ^ i as u64).with_kv_types((k, k))
+                    });
+                    same_bits(&*INNER, &POOLS, &AttentionBatch { jobs: jobs.collect() });
                 }
 
                 #[test]

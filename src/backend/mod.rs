@@ -206,6 +206,20 @@ impl AttnParams {
     }
 }
 
+/// One sequence's operands of [`Backend::attention_batch`]: those of
+/// [`Backend::attention`] (`q: [n, n_heads, head_dim]` at positions `q_pos`, the layer's
+/// view `kv`, `out: [n, n_heads, head_dim]`).
+pub struct AttnJob<'a> {
+    /// The queries of the sequence's new rows.
+    pub q: ArrayView3<'a, f32>,
+    /// Their positions.
+    pub q_pos: &'a [usize],
+    /// The sequence's view of the layer.
+    pub kv: &'a KvView<'a>,
+    /// Where the rows' outputs go.
+    pub out: ArrayViewMut3<'a, f32>,
+}
+
 /// The numeric kernels of a Llama forward pass.
 ///
 /// Every method checks its shapes with [`check`] and returns [`ShapeError`] on a mismatch
@@ -310,6 +324,24 @@ pub trait Backend: Send + Sync {
         params: &AttnParams,
         out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError>;
+
+    /// [`attention`](Backend::attention) of several sequences in one call (a batched
+    /// forward pass: each sequence its own queries, positions and cache), with one
+    /// `params` for all. Each job's `out` is bit for bit what `attention` of its operands
+    /// gives. The default runs them one after another; a parallel backend may spread the
+    /// sequences over its threads (one dispatch for them all instead of one per
+    /// sequence). On an error (the first job whose shapes do not fit, in order) the
+    /// outputs of the jobs are unspecified; nothing else is touched.
+    fn attention_batch(
+        &self,
+        jobs: &mut [AttnJob<'_>],
+        params: &AttnParams,
+    ) -> Result<(), ShapeError> {
+        for j in jobs.iter_mut() {
+            self.attention(j.q.view(), j.q_pos, j.kv, params, j.out.view_mut())?;
+        }
+        Ok(())
+    }
 
     /// Slots per part when this backend's [`attention`](Backend::attention) is computed in
     /// parts of the view, or `None` (the default) when it is one piece.
@@ -426,6 +458,13 @@ impl<B: Backend + ?Sized> Backend for &B {
         out: ArrayViewMut3<'_, f32>,
     ) -> Result<(), ShapeError> {
         (**self).attention(q, q_pos, kv, params, out)
+    }
+    fn attention_batch(
+        &self,
+        jobs: &mut [AttnJob<'_>],
+        params: &AttnParams,
+    ) -> Result<(), ShapeError> {
+        (**self).attention_batch(jobs, params)
     }
     fn attention_part_len(&self) -> Option<usize> {
         (**self).attention_part_len()

@@ -15,6 +15,7 @@
 //!   rope(q), rope(k)                     each row at its own sequence's position
 //!   per sequence i (rows r_i):
 //!     K/V rows of r_i → seq i's append   (its own open transaction)
+//!   attention_batch: for every sequence i (one call; a parallel backend spreads them)
 //!     att[r_i] = attention(q[r_i], view of seq i's store, its positions)
 //!   x += att Woᵀ; x += FFN(norm(x))      one GEMM each over N rows
 //! logits: the rows each sequence asked for (Last/All/None), one norm and one GEMM

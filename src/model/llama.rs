@@ -47,7 +47,7 @@
 //! every sequence computes as it would alone.
 
 use super::{FfnActivation, LlamaConfig, ModelError};
-use crate::backend::{AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
+use crate::backend::{AttnJob, AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
 use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, KvType, WindowKv};
 use ndarray::{Array2, Axis, s};
@@ -678,19 +678,28 @@ impl<B: Backend> Llama<B> {
             for (tx, span) in txs.iter_mut().zip(spans) {
                 let r = span.rows.clone();
                 // K/V rows at .. at + len of this sequence.
-                tx.write(
-                    layer,
-                    k.slice(s![r.clone(), ..]),
-                    v.slice(s![r.clone(), ..]),
-                )?;
-                b.attention(
-                    q_heads.slice(s![r.clone(), .., ..]),
-                    &positions[r.clone()],
-                    &tx.view(layer)?,
-                    &params,
-                    att_heads.slice_mut(s![r, .., ..]),
-                )?;
+                tx.write(layer, k.slice(s![r.clone(), ..]), v.slice(s![r, ..]))?;
             }
+            // Every sequence's attention in one call (a parallel backend spreads them).
+            let views = (txs.iter())
+                .map(|tx| tx.view(layer))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut jobs = Vec::with_capacity(spans.len());
+            let mut rest = att_heads.view_mut();
+            for (view, span) in views.iter().zip(spans) {
+                let r = span.rows.clone();
+                debug_assert_eq!(r.start, n - rest.len_of(Axis(0)), "spans stack in order");
+                let (out, tail) = rest.split_at(Axis(0), r.len());
+                rest = tail;
+                jobs.push(AttnJob {
+                    q: q_heads.slice(s![r.clone(), .., ..]),
+                    q_pos: &positions[r],
+                    kv: view,
+                    out,
+                });
+            }
+            b.attention_batch(&mut jobs, &params)?;
+            drop(jobs);
             let mut o = self.matmul(blk.wo, &self.input(&att, &groups))?; // [N, d_model]
             if let Some((post_attn, _)) = &blk.post_norms {
                 o = self.rms_norm(&o, post_attn)?;

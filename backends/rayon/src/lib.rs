@@ -9,6 +9,7 @@
 //! | `gemv`, `gemv_q8` | output rows (`W.slice_rows`, contiguous `y`) | `inner.gemv`, `inner.gemv_q8` |
 //! | `gemm` | output rows of `W`; each piece fills a `[n, rows_piece]` scratch that is copied into the columns of `Y` | `inner.gemm` |
 //! | `attention` | chunks of new rows × KV-head groups; with too few of those (a decode step) and an inner backend that computes attention in parts (`attention_part_len`), KV groups × parts of the keys, folded by `merge_part` in part order as the inner backend folds them (flash-decoding); else single query heads | `inner.attention`, or `inner.attention_part`, on each piece's views |
+//! | `attention_batch` (several sequences) | with at least 2 jobs per thread, none over `1/(2·threads)` of the work: whole jobs; else job by job as `attention` | `inner.attention` of each job, or `attention` above |
 //! | `rope` | tokens | `inner.rope` |
 //! | `rms_norm` | rows | `inner.rms_norm` |
 //! | `swiglu`, `geglu`, `add` | element ranges | `inner.swiglu`, `inner.geglu`, `inner.add` |
@@ -62,8 +63,8 @@ mod split;
 pub use error::RayonError;
 
 use kvcore::backend::{
-    AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, finish_part,
-    merge_part,
+    AttnJob, AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check,
+    finish_part, merge_part,
 };
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Slice};
@@ -362,17 +363,7 @@ impl<B: Backend> Backend for Rayon<B> {
     ) -> Result<(), ShapeError> {
         check::attention(&q, q_pos, kv, &out)?;
         let (n, n_heads, hd) = q.dim();
-        // Σ over rows of the slots each sees, times heads and head_dim.
-        let keys_seen: usize = (q_pos.iter())
-            .map(|&p| {
-                let seen = kv
-                    .segments()
-                    .iter()
-                    .map(|s| s.visible(p, params.mask).len());
-                seen.sum::<usize>()
-            })
-            .fold(0, usize::saturating_add);
-        let macs = keys_seen.saturating_mul(n_heads).saturating_mul(hd);
+        let macs = attention_macs(q_pos, kv, params, n_heads * hd);
         if macs < PAR_MIN_MACS {
             return self.inner.attention(q, q_pos, kv, params, out);
         }
@@ -387,6 +378,39 @@ impl<B: Backend> Backend for Rayon<B> {
         self.pool.install(|| {
             pieces.into_par_iter().try_for_each(|(q, q_pos, kv, out)| {
                 self.inner.attention(q, q_pos, &kv, params, out)
+            })
+        })
+    }
+
+    /// Many small sequences (a batched decode step: one row each over a short cache) go
+    /// over the threads whole, each its inner backend's `attention` (the same bits as
+    /// this backend's, see the crate docs): one dispatch for the batch instead of one per
+    /// sequence, each of which would split a few hundred keys. A batch with few jobs, or
+    /// with one large enough to leave a thread idle (more than `1/(2·threads)` of the
+    /// work), runs job by job through [`Backend::attention`]'s own split.
+    fn attention_batch(
+        &self,
+        jobs: &mut [AttnJob<'_>],
+        params: &AttnParams,
+    ) -> Result<(), ShapeError> {
+        let mut macs = Vec::with_capacity(jobs.len());
+        for j in jobs.iter() {
+            check::attention(&j.q, j.q_pos, j.kv, &j.out)?;
+            let (_, n_heads, hd) = j.q.dim();
+            macs.push(attention_macs(j.q_pos, j.kv, params, n_heads * hd));
+        }
+        let total = macs.iter().fold(0usize, |a, &m| a.saturating_add(m));
+        let largest = macs.iter().copied().max().unwrap_or(0);
+        let spread = 2 * self.threads;
+        if jobs.len() < spread || largest.saturating_mul(spread) > total {
+            for j in jobs.iter_mut() {
+                self.attention(j.q.view(), j.q_pos, j.kv, params, j.out.view_mut())?;
+            }
+            return Ok(());
+        }
+        self.pool.install(|| {
+            jobs.par_iter_mut().try_for_each(|j| {
+                (self.inner).attention(j.q.view(), j.q_pos, j.kv, params, j.out.view_mut())
             })
         })
     }
@@ -491,6 +515,21 @@ const SPINS_PER_YIELD: u32 = 64;
 /// Run one piece of pending pool work if there is any, else pause: a `spin_loop` hint,
 /// and every [`SPINS_PER_YIELD`]-th idle poll a `sched_yield`, so that a pool with more
 /// threads than free cores still lets the thread with the real work run.
+/// Multiply-adds of one attention call: over its rows, the slots each sees, times
+/// `width` (heads × head_dim).
+fn attention_macs(q_pos: &[usize], kv: &KvView<'_>, params: &AttnParams, width: usize) -> usize {
+    let keys_seen: usize = (q_pos.iter())
+        .map(|&p| {
+            let seen = kv
+                .segments()
+                .iter()
+                .map(|s| s.visible(p, params.mask).len());
+            seen.sum::<usize>()
+        })
+        .fold(0, usize::saturating_add);
+    keys_seen.saturating_mul(width)
+}
+
 fn run_one_or_pause(idle: &mut u32) {
     if rayon::yield_now() == Some(rayon::Yield::Executed) {
         *idle = 0;

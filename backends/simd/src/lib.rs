@@ -24,7 +24,7 @@
 //! | `swiglu`, `geglu` | `g / (1 + e^k)` with the vectorised `exp` (AVX2, NEON, SIMD128) |
 //! | `rope`, `embed_row` | the scalar reference |
 //! | `quantize_q8` | SIMD 8-bit quantiser (`Q8_0` and `Q8_K` layouts), bit for bit the reference |
-//! | `gemm_q8` | per panel of 64 weight rows, the tokens in groups of up to 4 (AVX2; NEON: one by one): each row's blocks decoded once per group, each token's arithmetic its `gemv_q8`'s, so each token's row is bit for bit its GEMV |
+//! | `gemm_q8` | per panel of 64 weight rows, the tokens in groups of up to 8 (AVX2: 8 with the 8 tokens' block factors in one vector, then 4, 2, 1; NEON: one by one): each row's blocks decoded once per group, each token's arithmetic its `gemv_q8`'s, so each token's row is bit for bit its GEMV |
 //! | `gemv_q8` | integer dot products of the weight and activation bytes per block (K formats: scaled per sub-block in i32), one f32 FMA per block (`q8.rs`); SIMD128 has no 8-bit multiply: the activations widened to i16 once per call, `i32x4.dot_i16x8_s`, two rows at a time |
 //!
 //! Apart from the opt-in 8-bit path (`quantize_q8`, `gemv_q8`, see `kvcore::backend::q8`),

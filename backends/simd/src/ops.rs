@@ -156,7 +156,7 @@ fn panels<K: Kernel>(
 
 /// `Y[t] ← W x̂_t` for a few quantised tokens: per panel of [`PANEL_ROWS`] weight rows
 /// (in L1/L2 while every token passes), `K::gemv_q8_tokens` over the panel (AVX2: each
-/// row's blocks decoded once per group of up to 4 tokens). Each output depends only on
+/// row's blocks decoded once per group of up to 8 tokens). Each output depends only on
 /// its row and its token, by the same operations as a GEMV, so row `t` is bit for bit
 /// the GEMV of token `t`. Shapes are checked by the caller.
 pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) {

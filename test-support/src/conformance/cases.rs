@@ -5,7 +5,9 @@
 //! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
 
 use half::{bf16, f16};
-use kvcore::backend::{AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle};
+use kvcore::backend::{
+    AttnJob, AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle,
+};
 use kvcore::kv::{
     BlockQ8_0, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK, encode_q8_0, rotation_len,
 };
@@ -474,6 +476,63 @@ impl Encoded {
                     .collect()
             }
         }
+    }
+}
+
+/// Several sequences' attention in one [`Backend::attention_batch`] call (a batched
+/// decode step or prefill): each job an [`Attention`] case of its own queries, positions
+/// and rows, all with the first job's [`AttnParams`]. The output is the jobs' outputs
+/// one after another, so it can be compared with each job run alone; the oracle is the
+/// jobs' oracles one after another (so the jobs must share their params).
+pub struct AttentionBatch {
+    /// The jobs (each job's own `params` is ignored but the first's).
+    pub jobs: Vec<Attention>,
+}
+
+impl Case for AttentionBatch {
+    fn label(&self) -> String {
+        let jobs: Vec<String> = self.jobs.iter().map(|j| j.label()).collect();
+        format!("attention_batch of {}: [{}]", jobs.len(), jobs.join("; "))
+    }
+    fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let Some(first) = self.jobs.first() else {
+            b.attention_batch(&mut [], &AttnParams::causal(1))
+                .expect("an empty batch");
+            return Vec::new();
+        };
+        let params = first.params;
+        let qs: Vec<Array3<f32>> = (self.jobs.iter())
+            .map(|j| {
+                let dims = (j.n_new(), j.shape.n_heads, j.shape.head_dim);
+                Array3::from_shape_vec(dims, j.q.clone()).expect("q rows")
+            })
+            .collect();
+        let mut outs: Vec<Array3<f32>> = qs
+            .iter()
+            .map(|q| Array3::from_elem(q.raw_dim(), f32::NAN))
+            .collect();
+        let arrays: Vec<(Encoded, Encoded)> = self.jobs.iter().map(|j| j.arrays()).collect();
+        let views: Vec<KvView<'_>> = (self.jobs.iter().zip(&arrays))
+            .map(|(j, (k, v))| j.view(k, v))
+            .collect();
+        let positions: Vec<Vec<usize>> = self.jobs.iter().map(|j| j.q_pos()).collect();
+        let mut jobs: Vec<AttnJob<'_>> = (qs.iter().zip(&mut outs).zip(&views).zip(&positions))
+            .map(|(((q, out), kv), q_pos)| AttnJob {
+                q: q.view(),
+                q_pos,
+                kv,
+                out: out.view_mut(),
+            })
+            .collect();
+        b.attention_batch(&mut jobs, &params)
+            .expect("attention_batch shapes");
+        drop(jobs);
+        outs.into_iter()
+            .flat_map(|o| o.into_raw_vec_and_offset().0)
+            .collect()
+    }
+    fn oracle(&self) -> Vec<Bounded> {
+        self.jobs.iter().flat_map(|j| j.oracle()).collect()
     }
 }
 

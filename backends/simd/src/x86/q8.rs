@@ -28,7 +28,7 @@
 //! integer ports, not by the FMA latency (measured: a two-accumulator version ran at
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
-use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use super::kquant::f16_at;
 use kvcore::backend::q8::Q8_MAX;
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
@@ -517,9 +517,176 @@ fn dot_q8_0_n<const N: usize>(row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
     out
 }
 
+/// Blocks of 32 a row may hold for [`dot_nibbles_8`] and [`dot_q8_0_8`] (their factor
+/// tables live on the stack): 2048 columns, the widest matrix input of SmolLM2 (1536) and
+/// Gemma 3 270M (2048). Wider rows take groups of 4.
+const MAX_BLOCKS_8: usize = 64;
+
+/// Eight tokens as [`dot_nibbles_8`] and [`dot_q8_0_8`] read them: per token its bytes,
+/// and per block the 8 tokens' factors side by side (lane `t` = token `t`), so a block's
+/// `d_w·d_a` and offset terms of all 8 tokens are two vector multiplies.
+struct Tokens8<'a> {
+    values: [&'a [i8]; 8],
+    /// `d_a` of token `t`, block `j`: `da[j][t]` (`Q4_*`, `Q5_0`: lane 0 of its pair).
+    da: [[f32; 8]; MAX_BLOCKS_8],
+    /// `d_a·s` (lane 1 of the pair; unused for `Q8_0`).
+    ds: [[f32; 8]; MAX_BLOCKS_8],
+}
+
+impl<'a> Tokens8<'a> {
+    /// # Panics
+    /// If `x` is not 8 tokens of `blocks ≤ MAX_BLOCKS_8` blocks of 32 (with their pairs,
+    /// for `pairs`).
+    fn new(x: &'a [Q8Acts], blocks: usize, pairs: bool) -> Self {
+        assert!(x.len() == 8 && blocks <= MAX_BLOCKS_8);
+        let mut t8 = Tokens8 {
+            values: std::array::from_fn(|t| x[t].values()),
+            da: [[0.0; 8]; MAX_BLOCKS_8],
+            ds: [[0.0; 8]; MAX_BLOCKS_8],
+        };
+        for (t, xt) in x.iter().enumerate() {
+            assert!(xt.values().len() == blocks * QK && xt.scales().len() == blocks);
+            if pairs {
+                let fp = xt.scale_pairs();
+                assert_eq!(fp.len(), 2 * blocks);
+                for j in 0..blocks {
+                    t8.da[j][t] = fp[2 * j];
+                    t8.ds[j][t] = fp[2 * j + 1];
+                }
+            } else {
+                for (j, &d) in xt.scales().iter().enumerate() {
+                    t8.da[j][t] = d;
+                }
+            }
+        }
+        t8
+    }
+}
+
+/// [`dot_nibbles_n`] of 8 tokens, bit for bit: each block's `d_w·d_a` and offset terms
+/// for the 8 tokens come from two 8-lane multiplies (the same products as the 4-lane
+/// one per token there), the offsets summed in one vector (lane `t` the same sequential
+/// sum as token `t`'s), and each token's FMA takes its factor by a broadcast load. Fewer
+/// operations per token and block than the generic kernel, and the row's blocks decoded
+/// once for all 8 (two groups of 4 read the weights twice).
+///
+/// # Panics
+/// If `row` is not as many blocks as `x` holds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_nibbles_8<const FMT: u8>(row: &[u8], x: &Tokens8<'_>) -> [f32; 8] {
+    let dtype = nibble_format(FMT);
+    let bytes = dtype.block_bytes();
+    let (qs, offset) = match dtype {
+        DType::Q4_1 => (4, 1.0),
+        DType::Q5_0 => (6, -16.0),
+        _ => (2, -8.0),
+    };
+    let nb = row.len() / bytes;
+    assert!(row.len() == nb * bytes && bytes >= qs + 16 && nb <= MAX_BLOCKS_8);
+    for v in x.values {
+        assert!(v.len() == nb * QK);
+    }
+    let mask = _mm256_set1_epi8(15);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut offsets = _mm256_setzero_ps();
+    let mut f = [0.0f32; 8];
+    for (j, b) in row.chunks_exact(bytes).enumerate() {
+        let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+        let dw = _mm256_broadcastss_ps(dm);
+        let m = if dtype == DType::Q4_1 {
+            _mm256_broadcastss_ps(_mm_movehdup_ps(dm))
+        } else {
+            dw
+        };
+        store(&mut f, _mm256_mul_ps(dw, load(&x.da[j])));
+        offsets = _mm256_add_ps(offsets, _mm256_mul_ps(m, load(&x.ds[j])));
+        // SAFETY: bytes `qs..qs + 16` of the block are in bounds (`bytes >= qs + 16`,
+        // asserted); `loadu` has no alignment requirement.
+        let packed = unsafe { _mm_loadu_si128(b.as_ptr().add(qs).cast()) };
+        let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
+        let w = if dtype == DType::Q5_0 {
+            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
+        } else {
+            w
+        };
+        for t in 0..8 {
+            // SAFETY: `j < nb` and every token holds `nb · 32` bytes (asserted), so
+            // bytes `32j .. 32j + 32` are in bounds; `loadu` has no alignment requirement.
+            let a = unsafe { _mm256_loadu_si256(x.values[t].as_ptr().add(j * QK).cast()) };
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f[t]), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    let mut o = [0.0f32; 8];
+    store(&mut o, offsets);
+    std::array::from_fn(|t| hsum(acc[t]) + offset * o[t])
+}
+
+/// [`dot_q8_0_n`] of 8 tokens, bit for bit: each block's `d_w·d_a` for the 8 tokens in
+/// one 8-lane multiply, each token's FMA taking its factor by a broadcast load.
+///
+/// # Panics
+/// If `row` is not as many blocks as `x` holds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0_8(row: &[u8], x: &Tokens8<'_>) -> [f32; 8] {
+    let nb = row.len() / 34;
+    assert!(row.len() == nb * 34 && nb <= MAX_BLOCKS_8);
+    for v in x.values {
+        assert!(v.len() == nb * QK);
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut f = [0.0f32; 8];
+    for (j, b) in row.chunks_exact(34).enumerate() {
+        let dw = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+            u16::from_le_bytes([b[0], b[1]]),
+        ))));
+        store(&mut f, _mm256_mul_ps(dw, load(&x.da[j])));
+        // SAFETY: bytes `2..34` of the 34-byte block are in bounds; `loadu` has no
+        // alignment requirement.
+        let w = unsafe { _mm256_loadu_si256(b.as_ptr().add(2).cast()) };
+        let aw = _mm256_abs_epi8(w);
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `j < nb` and every token holds `nb · 32` bytes (asserted).
+            let a = unsafe { _mm256_loadu_si256(x.values[t].as_ptr().add(j * QK).cast()) };
+            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+            let p = _mm256_madd_epi16(p, ones);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f[t]), _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]))
+}
+
+/// [`gemv_tokens`] of exactly 8 tokens of a 32-weight format of at most
+/// [`MAX_BLOCKS_8`] blocks a row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group8(w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
+    let dtype = w.dtype();
+    let xs = Tokens8::new(x, w.cols() / QK, dtype != DType::Q8_0);
+    let (data, rb) = (w.data(), w.row_bytes());
+    for (r, row) in data.chunks_exact(rb).enumerate() {
+        prefetch_row(data, r + PREFETCH_ROWS, rb);
+        let out = match dtype {
+            DType::Q4_0 => dot_nibbles_8::<0>(row, &xs),
+            DType::Q4_1 => dot_nibbles_8::<1>(row, &xs),
+            DType::Q5_0 => dot_nibbles_8::<2>(row, &xs),
+            _ => dot_q8_0_8(row, &xs),
+        };
+        for (t, v) in out.into_iter().enumerate() {
+            y[t * stride + r] = v;
+        }
+    }
+}
+
 /// `y[t·stride ..][..rows] ← W x̂_t` for every token of `x`, each bit for bit [`gemv`] of
-/// that token: the 32-weight formats decode each row's blocks once per group of 4 (then
-/// 2, then 1) tokens ([`dot_nibbles_n`], [`dot_q8_0_n`]); the K formats run [`gemv`] per
+/// that token: the 32-weight formats decode each row's blocks once per group of 8 (rows of
+/// at most [`MAX_BLOCKS_8`] blocks; [`dot_nibbles_8`], [`dot_q8_0_8`]), then 4, 2, 1 tokens
+/// ([`dot_nibbles_n`], [`dot_q8_0_n`]); the K formats run [`gemv`] per
 /// token.
 ///
 /// # Panics
@@ -537,6 +704,12 @@ pub(super) fn gemv_tokens(w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: 
     );
     let mut t0 = 0;
     if grouped && w.row_bytes() > 0 {
+        if w.cols() / QK <= MAX_BLOCKS_8 {
+            while x.len() - t0 >= 8 {
+                group8(w, &x[t0..t0 + 8], &mut y[t0 * stride..], stride);
+                t0 += 8;
+            }
+        }
         while x.len() - t0 >= 4 {
             group::<4>(w, &x[t0..t0 + 4], &mut y[t0 * stride..], stride);
             t0 += 4;
