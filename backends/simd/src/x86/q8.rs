@@ -366,6 +366,37 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
     }
 }
 
+/// Where a nibble format's quants start in its block, and the factor on its offset
+/// term (`Q4_1`: its `m`, applied as is; `Q4_0`, `Q5_0`: `−8`, `−16` times `d_w`).
+const fn nibble_layout(dtype: DType) -> (usize, f32) {
+    match dtype {
+        DType::Q4_1 => (4, 1.0),
+        DType::Q5_0 => (6, -16.0),
+        _ => (2, -8.0),
+    }
+}
+
+/// A nibble block's 32 unsigned weights in one register (module docs): the 16 packed
+/// bytes at `qs`, low nibbles in the low half and high nibbles in the high half (`mask`
+/// = 15 in every byte), `Q5_0`'s fifth bits OR-ed in as `16·bit`.
+///
+/// # Safety
+/// `b` holds at least `qs + 16` bytes (the callers assert `block_bytes ≥ qs + 16` once
+/// per row, so the loop carries no bounds check), and the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_weights(dtype: DType, b: &[u8], qs: usize, mask: __m256i) -> __m256i {
+    // SAFETY: bytes `qs .. qs + 16` of `b` are in bounds (the contract); `loadu` has no
+    // alignment requirement.
+    let packed = unsafe { _mm_loadu_si128(b.as_ptr().add(qs).cast()) };
+    let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
+    if dtype == DType::Q5_0 {
+        _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
+    } else {
+        w
+    }
+}
+
 /// The activations of `N` tokens as [`dot_nibbles_n`] and [`dot_q8_0_n`] read them:
 /// per token its bytes, block scales and `[d_a, d_a·s]` pairs, lengths checked once for
 /// a whole GEMV (`blocks` blocks of 32).
@@ -417,11 +448,7 @@ impl<'a, const N: usize> Tokens<'a, N> {
 fn dot_nibbles_n<const FMT: u8, const N: usize>(row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
     let dtype = nibble_format(FMT);
     let bytes = dtype.block_bytes();
-    let (qs, offset) = match dtype {
-        DType::Q4_1 => (4, 1.0),
-        DType::Q5_0 => (6, -16.0),
-        _ => (2, -8.0),
-    };
+    let (qs, offset) = nibble_layout(dtype);
     let nb = row.len() / bytes;
     assert!(row.len() == nb * bytes && bytes >= qs + 16);
     for t in 0..N {
@@ -439,15 +466,8 @@ fn dot_nibbles_n<const FMT: u8, const N: usize>(row: &[u8], x: &Tokens<'_, N>) -
         } else {
             _mm_moveldup_ps(dm)
         };
-        // SAFETY: bytes `qs..qs + 16` of the block are in bounds (`bytes >= qs + 16`,
-        // asserted); `loadu` has no alignment requirement.
-        let packed = unsafe { _mm_loadu_si128(b.as_ptr().add(qs).cast()) };
-        let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
-        let w = if dtype == DType::Q5_0 {
-            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
-        } else {
-            w
-        };
+        // SAFETY: `b` is one block of `bytes >= qs + 16` bytes (asserted); AVX2 is enabled.
+        let w = unsafe { block_weights(dtype, b, qs, mask) };
         for t in 0..N {
             // SAFETY: `j < nb`, and every token holds `nb · 32` bytes and `2 · nb`
             // factors (asserted), so bytes `32j .. 32j + 32` and factors `2j, 2j + 1` are
@@ -577,11 +597,7 @@ impl<'a> Tokens8<'a> {
 fn dot_nibbles_8<const FMT: u8>(row: &[u8], x: &Tokens8<'_>) -> [f32; 8] {
     let dtype = nibble_format(FMT);
     let bytes = dtype.block_bytes();
-    let (qs, offset) = match dtype {
-        DType::Q4_1 => (4, 1.0),
-        DType::Q5_0 => (6, -16.0),
-        _ => (2, -8.0),
-    };
+    let (qs, offset) = nibble_layout(dtype);
     let nb = row.len() / bytes;
     assert!(row.len() == nb * bytes && bytes >= qs + 16 && nb <= MAX_BLOCKS_8);
     for v in x.values {
@@ -603,15 +619,8 @@ fn dot_nibbles_8<const FMT: u8>(row: &[u8], x: &Tokens8<'_>) -> [f32; 8] {
         };
         store(&mut f, _mm256_mul_ps(dw, load(&x.da[j])));
         offsets = _mm256_add_ps(offsets, _mm256_mul_ps(m, load(&x.ds[j])));
-        // SAFETY: bytes `qs..qs + 16` of the block are in bounds (`bytes >= qs + 16`,
-        // asserted); `loadu` has no alignment requirement.
-        let packed = unsafe { _mm_loadu_si128(b.as_ptr().add(qs).cast()) };
-        let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), mask);
-        let w = if dtype == DType::Q5_0 {
-            _mm256_or_si256(w, fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]])))
-        } else {
-            w
-        };
+        // SAFETY: `b` is one block of `bytes >= qs + 16` bytes (asserted); AVX2 is enabled.
+        let w = unsafe { block_weights(dtype, b, qs, mask) };
         for t in 0..8 {
             // SAFETY: `j < nb` and every token holds `nb · 32` bytes (asserted), so
             // bytes `32j .. 32j + 32` are in bounds; `loadu` has no alignment requirement.
