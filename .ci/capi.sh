@@ -8,13 +8,13 @@
 # The header's drift check is a cargo test (capi/header/tests/header.rs), run by the README's
 # test command.
 #
-# Usage: .ci/capi.sh   (after `cargo build --release`; the model is fetched if needed)
+# Usage: .ci/capi.sh   (builds with .ci/build-native.sh; the model is fetched if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=target/capi-ci
 mkdir -p "$out"
-cargo build --release -p kvcore-capi -p kvcore-cli
+bash .ci/build-native.sh  # target/release/libkvcore_c.a and kvcore
 lib=target/release/libkvcore_c.a
 libs=(-lpthread -ldl -lm)
 

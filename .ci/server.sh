@@ -22,7 +22,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check openai==3.57.0
 
-cargo build --release -q -p kvcore-cli
+bash .ci/build-native.sh  # target/release/kvcore
 log=$(mktemp)
 target/release/kvcore serve smollm2 --port 0 -t 2 2>"$log" &
 pid=$!

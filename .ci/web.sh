@@ -21,7 +21,8 @@ fi
 
 # The model file, where the CLI resolves `smollm2` ($KVCORE_MODEL, else the cache,
 # fetched on first use).
-model="$(cargo run -q --release -p kvcore-cli -- info smollm2 | sed -n 's/^file: //p')"
+bash .ci/build-native.sh
+model="$(target/release/kvcore info smollm2 | sed -n 's/^file: //p')"
 [[ -f "$model" ]] || { echo "web: no SmolLM2 model file (kvcore info smollm2)" >&2; exit 1; }
 
 (

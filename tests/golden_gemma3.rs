@@ -128,6 +128,13 @@ impl PerBackend for Golden {
 
 #[test]
 fn golden_gemma3_scalar() {
+    // The scalar reference on two threads: `Rayon<Scalar>` gives `Scalar`'s results bit
+    // for bit (tests/integration/rayon_bitwise.rs, its scalar suite), and one thread made
+    // this the slowest test of all (~3.5 min on 2 cores). wasm32 has no threads (and
+    // .ci/wasm.sh runs only the simd test of this file).
+    #[cfg(not(target_family = "wasm"))]
+    Golden.run(kvcore_rayon::Rayon::new(kvcore_scalar::Scalar::new(), 2).expect("rayon pool"));
+    #[cfg(target_family = "wasm")]
     with_backend("scalar", &Golden);
 }
 

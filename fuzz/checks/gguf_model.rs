@@ -3,7 +3,7 @@
 //! allocates without bound.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/gguf_model.rs` and the stable replay test
-//! `tests/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
+//! `tests/integration/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
 //!
 //! Input format (every read past the end gives zero bytes, so any input is valid):
 //!

@@ -2,7 +2,7 @@
 //! with a `GgufError` or yields a file whose every accessor works.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/gguf_parse.rs` and the stable replay test
-//! `tests/fuzz_corpus_replay.rs` (both include this file with `#[path]`), so a corpus
+//! `tests/integration/fuzz_corpus_replay.rs` (both include this file with `#[path]`), so a corpus
 //! input means the same check in both places. On a file that parses, every metadata key
 //! is read through each typed getter (a getter may refuse the type, never panic), the
 //! model config and tokenizer are read from it (ditto), every tensor's `tensor_data` has

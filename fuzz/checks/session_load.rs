@@ -4,7 +4,7 @@
 //! allocates without bound.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/session_load.rs` and the stable replay
-//! test `tests/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
+//! test `tests/integration/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
 //!
 //! The input is the file itself. It is restored twice: as it is, and as a fixed-up copy
 //! whose fingerprint field is the fixture model's and whose trailing checksum is

@@ -5,7 +5,7 @@
 //! with whole decode. Nothing panics.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/tokenizer.rs` and the stable replay test
-//! `tests/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
+//! `tests/integration/fuzz_corpus_replay.rs` (both include this file with `#[path]`).
 //!
 //! Vocabularies:
 //! - four synthetic byte-level BPE tokenizers (one per [`PreTokenizerKind`]) with all 256
@@ -19,7 +19,7 @@
 //! - the real SmolLM2 (BPE) and Gemma 3 (SentencePiece) ones when the caller has them.
 //!   SmolLM2 lacks 21 single-byte tokens and the encoder drops those bytes (as llama.cpp
 //!   does), so the round trip is compared against the text with those bytes removed (see
-//!   tests/tokenizer_props.rs); the SentencePiece vocabularies have every byte token.
+//!   tests/integration/tokenizer_props.rs); the SentencePiece vocabularies have every byte token.
 //!
 //! Input format: byte 0 picks the mode (bit 0: text or ids), the synthetic pre-tokenizer
 //! (bits 1–2), whether to use a real vocabulary when given (bit 3) and which family

@@ -1,6 +1,6 @@
 //! Fuzz target `gguf_parse`: arbitrary bytes through `GgufFile::from_bytes`, then every
 //! accessor of what parses (the check is `fuzz/checks/gguf_parse.rs`, shared with the
-//! stable replay test `tests/fuzz_corpus_replay.rs`).
+//! stable replay test `tests/integration/fuzz_corpus_replay.rs`).
 
 #![no_main]
 

@@ -1,7 +1,7 @@
 //! Fuzz target `session_load`: arbitrary bytes restored as a session file for a tiny
 //! model, as they are and with the fingerprint and checksum fixed up; any error must
 //! leave the session unchanged, any success must write back to the same bytes (the
-//! check is `fuzz/checks/session_load.rs`, shared with `tests/fuzz_corpus_replay.rs`).
+//! check is `fuzz/checks/session_load.rs`, shared with `tests/integration/fuzz_corpus_replay.rs`).
 
 #![no_main]
 

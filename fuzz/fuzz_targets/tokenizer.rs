@@ -3,7 +3,7 @@
 //! SentencePiece vocabularies and, when they are in the cache
 //! (`~/.cache/kvcore/SmolLM2-135M-Instruct.Q4_1.gguf`, `gemma-3-270m-q4_k_m.gguf`), the
 //! real SmolLM2 and Gemma 3 ones (the input format and the check are in
-//! `fuzz/checks/tokenizer.rs`, shared with `tests/fuzz_corpus_replay.rs`).
+//! `fuzz/checks/tokenizer.rs`, shared with `tests/integration/fuzz_corpus_replay.rs`).
 
 #![no_main]
 

@@ -38,11 +38,11 @@
 //!   at most `Q8_MAX_TOKENS` tokens go through `gemm_q8` (documented bit for bit their
 //!   GEMVs); a longer chunk's rows go through the f32 GEMM with the other long chunks'
 //!   rows only, and the SIMD `sgemm` (more than 8 rows) gave every row the bits of its
-//!   alone call in every test (`tests/batch.rs`), though no kernel documents it;
+//!   alone call in every test (`tests/integration/batch.rs`), though no kernel documents it;
 //! - **within rounding** otherwise: the SIMD f32 GEMV, the few-token GEMM and `sgemm`
 //!   add their products in different orders, so a decode step in a batch (a GEMM row)
 //!   and alone (a GEMV) differ in the last bits, held to the golden tolerance (0.01 on a
-//!   logit; `tests/batch.rs` measures it).
+//!   logit; `tests/integration/batch.rs` measures it).
 //!
 //! ## Transactions
 //! Every sequence's append is opened before any computation; an error anywhere — a bad

@@ -19,7 +19,7 @@
 //! Merging only ever produces ordinary tokens (types normal, undefined and unused), and a
 //! lone character only maps to one. llama.cpp looks any token up by its text, so a control
 //! or byte token whose text merging could spell would differ; Gemma 3's vocabulary has
-//! none (`tests/tokenizer_gemma.rs` checks), and excluding them keeps literal text from
+//! none (`tests/integration/tokenizer_gemma.rs` checks), and excluding them keeps literal text from
 //! ever producing a control token.
 //!
 //! Layout: the symbols are a doubly linked list over a `Vec`, each a byte range of the

@@ -37,12 +37,12 @@
 //! cores stay busy for the length of the pass. The pass starts only once every spinner
 //! runs, and one such scope runs at a time per backend (others wait on a mutex): both
 //! rules keep a spinner from sitting on top of unfinished work that it would then wait
-//! for. `tests/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
+//! for. `tests/integration/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
 //!
 //! Assumption on `inner`: each of its outputs does not depend on how many other rows,
 //! elements or heads the same call holds beyond 64-aligned tiles (for attention: each
 //! (row, query head) output depends only on that row, that head and its KV head's rows).
-//! The scalar and SIMD backends meet it; `tests/rayon_bitwise.rs` checks them at 1, 2
+//! The scalar and SIMD backends meet it; `tests/integration/rayon_bitwise.rs` checks them at 1, 2
 //! and 3 threads.
 //!
 //! ## Splitting one decode step's keys

@@ -1,7 +1,7 @@
 //! `kvcore-scalar`: the reference [`Backend`], plain loops written for clarity.
 //!
 //! Every other backend is tested against this one (`tests/conformance.rs`), and this one
-//! is tested against a float64 implementation (`tests/scalar_reference.rs`). The kernels
+//! is tested against a float64 implementation (`tests/integration/scalar_reference.rs`). The kernels
 //! favour obviously-correct code over speed:
 //!
 //! - [`quant`]: the (de)quantisers of every [`DType`](kvcore::DType), byte-compatible

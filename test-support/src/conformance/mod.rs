@@ -20,7 +20,7 @@
 //! of `n` terms `ε_rel = (min(n, 8·√n) + 2)·2^-24`, `1.1e-5` at `n = 576`, and
 //! `Σ|terms| = Σ_j |w_j·x_j|`). Both backends lie within `bound_i` of the exact value,
 //! so within `2·bound_i` of each other; the scalar reference is itself held to
-//! `bound_i` against the float64 oracle by kvcore's `tests/scalar_reference.rs`.
+//! `bound_i` against the float64 oracle by kvcore's `tests/integration/scalar_reference.rs`.
 //! Embedding lookups and residual adds are exact operations and must match bit for bit.
 //!
 //! # Running it against a backend

@@ -6,13 +6,13 @@
 //!
 //! `write_seed_corpora` (ignored) regenerates the synthetic seeds; FUZZING.md says when.
 
-#[path = "../fuzz/checks/gguf_model.rs"]
+#[path = "../../fuzz/checks/gguf_model.rs"]
 mod gguf_model;
-#[path = "../fuzz/checks/gguf_parse.rs"]
+#[path = "../../fuzz/checks/gguf_parse.rs"]
 mod gguf_parse;
-#[path = "../fuzz/checks/session_load.rs"]
+#[path = "../../fuzz/checks/session_load.rs"]
 mod session_load;
-#[path = "../fuzz/checks/tokenizer.rs"]
+#[path = "../../fuzz/checks/tokenizer.rs"]
 mod tokenizer;
 
 use std::fs;

@@ -18,7 +18,7 @@ use kvcore_simd::Simd;
 use kvcore_test_support::faults::{FailingBackend, INJECTED, RefuseNth};
 use kvcore_test_support::tiny::TinyLlama;
 
-mod common;
+use crate::common;
 
 /// Four layers, so a fault can land in the middle of the pass.
 fn tiny() -> TinyLlama {

@@ -9,9 +9,7 @@
 //! A prompt one token longer takes the f32 GEMM, so its logits differ from the decoded
 //! ones (by the 8-bit rounding): checked too, so that the test sees which path ran.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::Backend;
 use kvcore::DType;
 use kvcore::gguf::GgufFile;

@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "gemma3-270m-q4_k_m";

@@ -5,11 +5,9 @@
 //! load → continue gives bit for bit the tokens and logits of never having saved, on
 //! random tiny models (property test) and on SmolLM2.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::smollm2_file;
+use crate::common::smollm2_file;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::{MAGIC, VERSION};

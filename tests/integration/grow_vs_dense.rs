@@ -3,9 +3,7 @@
 //! (property test) and on SmolLM2 for a 300-token greedy generation. Also the context
 //! limit: running past `max_ctx` is a clean error that keeps what was generated.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};

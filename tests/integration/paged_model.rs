@@ -4,9 +4,7 @@
 //! store fed the same chunks; forks share their blocks and diverge by copying on write;
 //! Gemma 3 (sliding-window layers, masks over a store that keeps every position) too.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::kv::{KvPool, PagedKv, PoolConfig};
 use kvcore::model::{Llama, Logits};
 use kvcore::tokenizer::{Special, Tokenizer};

@@ -5,9 +5,9 @@
 //! The real model's numbers are `tests/golden_gemma3.rs`'s; these tests run in
 //! milliseconds and pin the rules a golden test can only detect as a distance.
 
-mod common;
+use crate::common;
 
-use common::{PerBackend, with_backend};
+use crate::common::{PerBackend, with_backend};
 use kvcore::backend::{DType, RopeStyle};
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Arch, FfnActivation, Llama, Logits};

@@ -12,9 +12,7 @@
 //!   rewind limit and diverging turns through `Session`, bitwise after every step.
 //! - The model refuses a store whose window is smaller than what a layer sees.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::kv::KvGeometry;
 use kvcore::model::{Llama, Logits, ModelError};

@@ -54,7 +54,7 @@ fn spellable_bytes(s: &str) -> String {
     String::from_utf8_lossy(&kept).into_owned()
 }
 
-mod common;
+use crate::common;
 
 fn config() -> Config {
     Config {

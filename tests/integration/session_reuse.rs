@@ -10,9 +10,7 @@
 //!   overflow, a bad id) leaves the session exactly as it was; forks and truncation
 //!   continue independently.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};
 use kvcore::{Backend, DType, GrowKv, KvError, KvStore, Session};

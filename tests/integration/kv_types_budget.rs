@@ -14,9 +14,7 @@
 //! above 2e-4. This test holds q8_0 to 3e-4 (a guard against regressions, not the
 //! issue's bound) and to the issue's |ΔPPL| and top-1 bounds, which it meets.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::KvType;
 use kvcore::model::perplexity::{Divergence, Perplexity, log_softmax};
 use kvcore::model::{Llama, Logits};

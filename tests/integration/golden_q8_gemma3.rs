@@ -31,11 +31,9 @@
 //!
 //! A prefill of more than `Q8_MAX_TOKENS` (8) tokens stays f32 in this mode (the f32 GEMM),
 //! so that path is the f32 golden test's; up to 8 tokens it is bit for bit the one-token
-//! path teacher-forced here (`tests/q8_prefill.rs`).
+//! path teacher-forced here (`tests/integration/q8_prefill.rs`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvcore::Backend;
 use kvcore::model::Activations;
 

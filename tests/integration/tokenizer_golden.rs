@@ -11,7 +11,7 @@ use kvcore::gguf::GgufFile;
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "smollm2-135m-instruct-q4_1";

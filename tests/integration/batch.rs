@@ -23,11 +23,9 @@
 //!   fault, the batch gives the clean run's bits. Empty batches and sequences without
 //!   tokens are no-ops.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::kv::{AllocGate, KvGeometry, KvRows};
 use kvcore::model::{Activations, BatchSeq, Llama, Logits, ModelError};
