@@ -444,13 +444,19 @@ mod tests {
             GrowKv::new(huge_heads, 1).unwrap_err(),
             err(1, usize::MAX, 1)
         );
-        // Zero-sized rows: any max_ctx up to isize::MAX (the longest array axis) is
-        // fine, and growth allocates nothing.
-        let huge = isize::MAX as usize;
+        // Zero-sized rows: any max_ctx whose rows, n_layers · max_ctx, stay within
+        // isize::MAX (the row indices) is fine, and growth allocates nothing. (Past it,
+        // the indices overflowed: a debug build panicked here.)
+        let huge = isize::MAX as usize / 30;
         assert_eq!(
             GrowKv::new(g(30, 0), huge + 1).unwrap_err(),
             err(30, 0, huge + 1)
         );
+        assert_eq!(
+            GrowKv::new(g(1, 0), isize::MAX as usize + 1).unwrap_err(),
+            err(1, 0, isize::MAX as usize + 1)
+        );
+        assert!(GrowKv::new(g(1, 0), isize::MAX as usize).is_ok());
         let mut empty_rows = GrowKv::new(g(30, 0), huge).unwrap();
         empty_rows.begin(0, huge - 1).unwrap();
         let none = Array2::<f32>::zeros((huge - 1, 0));

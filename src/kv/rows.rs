@@ -331,7 +331,8 @@ impl Rows {
 /// ([`KvError::BlockShape`]); or [`KvError::TooLarge`] when `max_ctx` exceeds
 /// `isize::MAX` (the longest axis an array view may have), or one position's K and V
 /// rows, one layer at `max_ctx` positions (which matters when `n_layers` is 0) or the
-/// store at `max_ctx` would exceed `isize::MAX` bytes. Checking the full size once makes
+/// store at `max_ctx` would exceed `isize::MAX` bytes, or its `n_layers · max_ctx` rows
+/// `isize::MAX` rows. Checking the full size once makes
 /// every offset and buffer length at a capacity `≤ max_ctx` overflow-free, whichever
 /// factor is 0.
 pub(super) fn checked_size(
@@ -362,6 +363,9 @@ pub(super) fn checked_size(
         .filter(|&layer| fits(layer))
         .and_then(|layer| layer.checked_mul(g.n_layers))
         .filter(|&bytes| fits(bytes))
+        // The row indices too (`layer · cap + pos`), which the bytes do not bound when
+        // rows are empty (`kv_dim == 0`).
+        .filter(|_| g.n_layers.checked_mul(max_ctx).is_some_and(fits))
         .map(|_| kv_dim)
         .ok_or(too_large)
 }
