@@ -269,21 +269,22 @@ pub fn run(
             }
         }
         if state.past_deadline() {
-            for a in active.drain(..) {
-                a.job.send(Event::Failed(
-                    "the server is shutting down: the request was cancelled".into(),
-                ));
+            // As below: the sequences and their blocks go before the clients hear it.
+            let cancelled: Vec<Job> = active
+                .drain(..)
+                .map(|a| a.job)
+                .chain(waiting.drain(..))
+                .collect();
+            for job in &cancelled {
                 Metrics::add(&m.failed, 1);
-                end(&a.job, &state);
+                end(job, &state);
             }
-            for job in waiting.drain(..) {
+            publish_gauges(m, &waiting, &active);
+            for job in cancelled {
                 job.send(Event::Failed(
                     "the server is shutting down: the request was cancelled".into(),
                 ));
-                Metrics::add(&m.failed, 1);
-                end(&job, &state);
             }
-            publish_gauges(m, &waiting, &active);
             continue;
         }
         // Clients that went away: their sequences and blocks go now.
@@ -451,16 +452,21 @@ pub fn run(
         finished.extend(failed.into_iter().map(|(i, msg)| (i, None, Some(msg))));
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         finished.dedup_by_key(|f| f.0);
+        // The finished sequences leave the batch and free their blocks, and the gauges and
+        // counters say so, before their clients hear the end: a client that reads
+        // `[DONE]` and then `/metrics` sees its sequence gone.
+        let mut ends: Vec<(Job, Vec<Event>)> = Vec::with_capacity(finished.len());
         for (i, finish, error) in finished {
             let mut a = active.swap_remove(i);
             a.publish();
+            let mut events = Vec::with_capacity(2);
             match (finish, error) {
                 (Some(finish), _) => {
                     let (held, _) = a.pieces.finish();
                     if !held.is_empty() {
-                        a.job.send(Event::Text(held));
+                        events.push(Event::Text(held));
                     }
-                    a.job.send(Event::Done(Summary {
+                    events.push(Event::Done(Summary {
                         finish,
                         prompt_tokens: a.job.prompt.len(),
                         completion_tokens: a.generated,
@@ -469,14 +475,21 @@ pub fn run(
                     Metrics::add(&m.completed, 1);
                 }
                 (None, error) => {
-                    a.job.send(Event::Failed(error.unwrap_or_default()));
+                    events.push(Event::Failed(error.unwrap_or_default()));
                     Metrics::add(&m.failed, 1);
                 }
             }
-            end(&a.job, &state);
+            let Active { job, .. } = a;
+            end(&job, &state);
+            ends.push((job, events));
             starved = false;
         }
         publish_gauges(m, &waiting, &active);
+        for (job, events) in ends {
+            for e in events {
+                job.send(e);
+            }
+        }
     }
 }
 
