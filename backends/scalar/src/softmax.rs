@@ -26,11 +26,30 @@ use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 /// (or empty) row all zeros. Shared by every softmax implementation, so they agree on
 /// the special rows.
 pub fn softmax_max(x: &mut [f32]) -> Option<f32> {
-    if x.iter().any(|v| v.is_nan()) {
+    // One pass in 8 lanes, as compare-and-select, which the compiler turns into vector
+    // max instructions (`f32::max` over an iterator stays scalar: its NaN rule does not
+    // map onto them, and a NaN is found here anyway). For values that are not NaN it is
+    // the maximum; which of +0 and −0 stands for a zero maximum is fixed by the input,
+    // and the exponentials do not tell them apart.
+    const L: usize = 8;
+    let pick = |m: f32, v: f32| if v > m { v } else { m };
+    let (mut lanes, mut nan) = ([f32::NEG_INFINITY; L], [false; L]);
+    let chunks = x.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..L {
+            lanes[l] = pick(lanes[l], c[l]);
+            nan[l] |= c[l].is_nan();
+        }
+    }
+    if nan.contains(&true) || tail.iter().any(|v| v.is_nan()) {
         x.fill(f32::NAN);
         return None;
     }
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| pick(m, v));
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
         return None;
@@ -156,4 +175,39 @@ pub fn unrotate(o: &mut [f32]) {
     hadamard(o, n);
     let inv = 1.0 / n as f32;
     o.iter_mut().for_each(|x| *x *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::softmax_max;
+
+    /// Rows of every length around the 8 lanes, the maximum anywhere (a lane, the tail),
+    /// against a plain left-to-right scan; a NaN anywhere turns the row to NaN; an
+    /// all-`−∞` row to zeros.
+    #[test]
+    fn softmax_max_is_the_maximum_and_settles_the_special_rows() {
+        for n in 0..40usize {
+            for at in 0..n {
+                let row: Vec<f32> = (0..n)
+                    .map(|i| ((i * 37 + 11) % 17) as f32 - 20.0 + if i == at { 50.0 } else { 0.0 })
+                    .collect();
+                let mut plain = f32::NEG_INFINITY;
+                for &v in &row {
+                    if v > plain {
+                        plain = v;
+                    }
+                }
+                let mut x = row.clone();
+                assert_eq!(softmax_max(&mut x), Some(plain), "n {n}, max at {at}");
+                assert_eq!(x, row, "the row is left as it was");
+                let mut x = row.clone();
+                x[at] = f32::NAN;
+                assert_eq!(softmax_max(&mut x), None, "n {n}, NaN at {at}");
+                assert!(x.iter().all(|v| v.is_nan()), "n {n}, NaN at {at}: all NaN");
+            }
+            let mut x = vec![f32::NEG_INFINITY; n];
+            assert_eq!(softmax_max(&mut x), None, "n {n}: all −∞");
+            assert!(x.iter().all(|&v| v == 0.0), "n {n}: all −∞ becomes zeros");
+        }
+    }
 }
