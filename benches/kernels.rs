@@ -246,6 +246,30 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
+/// A batch of decode steps with f32 activations: the GEMM of a few tokens (`n ≤ 8`:
+/// decoded panels dotted with each token; 16: `sgemm`), at both of SmolLM2's FFN shapes.
+fn gemm_few(c: &mut Criterion) {
+    let b = Backends::new();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::F32] {
+        let mut group = c.benchmark_group(format!("gemm_few_{dtype}"));
+        configure(&mut group);
+        for (rows, cols) in [(1536, 576), (576, 1536)] {
+            let bytes = matrix(dtype, rows, cols);
+            let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
+            for n in [1usize, 2, 4, 8, 16] {
+                let x = values(n * cols, 3);
+                let mut y = vec![0.0f32; n * rows];
+                group.throughput(Throughput::Elements((n * rows * cols) as u64));
+                let id = BenchmarkId::new(b.simd.name(), format!("{rows}x{cols}/n{n}"));
+                group.bench_function(id, |bench| {
+                    bench.iter(|| b.simd.gemm(&w, black_box(&x), &mut y).expect("gemm"))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
 fn attention(c: &mut Criterion) {
     let b = Backends::new();
     let kv_dim = KV_HEADS * HEAD_DIM;
@@ -381,6 +405,7 @@ criterion_group!(
     gemv,
     gemv_q8,
     gemm,
+    gemm_few,
     attention,
     attention_paged
 );

@@ -50,7 +50,8 @@ fn model_matmul<B: Backend>(inner: &B, pools: &[Rayon<B>]) {
         for (k, (rows, cols)) in shapes.filter(|s| s.1.1.is_multiple_of(dtype.block_len())) {
             let seed = 0x600d + k as u64;
             same_bits(inner, pools, &Gemv::new(dtype, rows, cols, seed));
-            for n in [1, 7] {
+            // A decode step, a batch of decode steps split at `FEW_ALIGN` rows, a prefill.
+            for n in [1, 7, 16, 17] {
                 same_bits(inner, pools, &Gemm::new(dtype, rows, cols, n, seed));
             }
         }
@@ -174,7 +175,7 @@ macro_rules! bitwise_suite {
                 #[test]
                 fn gemv_gemm(
                     (dtype, cols) in dtype_cols(), rows in prop_oneof![dim(), 100usize..1200],
-                    n in 0usize..5, seed in any::<u64>()
+                    n in prop_oneof![0usize..5, 5usize..20], seed in any::<u64>()
                 ) {
                     same_bits(&*INNER, &POOLS, &Gemv::new(dtype, rows, cols, seed));
                     if kvcore::backend::q8::supports(dtype) {

@@ -72,7 +72,7 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use split::{ALIGN, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, chunk_len};
+use split::{ALIGN, FEW_ALIGN, FEW_TOKENS, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, chunk_len};
 
 /// A backend running `B`'s kernels on its own pool of worker threads.
 ///
@@ -147,7 +147,7 @@ impl<B: Backend> Rayon<B> {
         if n.saturating_mul(rows).saturating_mul(w.cols()) < PAR_MIN_MACS {
             return gemm(w, y);
         }
-        let rc = self.chunk(rows, ALIGN);
+        let rc = self.chunk(rows, if n <= FEW_TOKENS { FEW_ALIGN } else { ALIGN });
         let mut y = ArrayViewMut2::from_shape((n, rows), y).expect("checked: y is [n, rows]");
         let blocks: Vec<(usize, ArrayViewMut2<'_, f32>)> = y
             .axis_chunks_iter_mut(Axis(1), rc)

@@ -40,6 +40,18 @@ pub(crate) const PAR_MIN_STREAM: usize = 1 << 18;
 /// Chunk boundaries are multiples of this many rows or elements.
 pub(crate) const ALIGN: usize = 64;
 
+/// Row chunk boundaries of a GEMM of at most [`FEW_TOKENS`] tokens (a batch of decode
+/// steps) are multiples of this many rows: every output row of a matmul depends on its
+/// weight row alone in every backend (documented by each), so the chunks need no tile
+/// alignment, and finer ones balance the narrow matrices, each several times a GEMV's
+/// work: SmolLM2's `[192, 576]` K/V projections are 3 chunks of 64 (2 + 1 on 2 threads,
+/// a third over an even split) but 12 of 16, its `[576, ·]` ones 9 of 64 (5 + 4) but
+/// 12 of 48. (Larger GEMMs keep [`ALIGN`]: `sgemm` packs the activations once per chunk.)
+pub(crate) const FEW_ALIGN: usize = 16;
+
+/// The most tokens of a GEMM split at [`FEW_ALIGN`] (16 sequences decoding together).
+pub(crate) const FEW_TOKENS: usize = 16;
+
 /// Tasks per worker thread, so that uneven progress (a shared machine, tails) balances.
 pub(crate) const TASKS_PER_THREAD: usize = 8;
 

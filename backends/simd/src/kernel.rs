@@ -158,6 +158,29 @@ pub(crate) trait Kernel: Copy {
         scores: &mut [f32],
     );
 
+    /// The few-token GEMM on f32 rows: `y[t·stride + r] ← w_r·x_t` for every row `w_r`
+    /// of `w: [p, cols]` and token `x_t` of `x: [n, cols]`, each output by the same
+    /// operations whatever `p` and `n` (so it depends on its row and token alone). The
+    /// default is [`scores`](Kernel::scores) (scale 1) per token.
+    fn gemm_rows(self, w: &[f32], x: &[f32], cols: usize, y: &mut [f32], stride: usize) {
+        let p = w.len() / cols;
+        for (t, xt) in x.chunks_exact(cols).enumerate() {
+            self.scores(xt, w.chunks_exact(cols), 1.0, &mut y[t * stride..][..p]);
+        }
+    }
+
+    /// The few-token GEMM straight from `w`'s stored bytes, where the family has such a
+    /// kernel for its format and `n = x.len() / cols` tokens: `y[t·stride + r] ← w_r·x_t`,
+    /// each output bit for bit what [`gemm_rows`](Kernel::gemm_rows) gives on the decoded
+    /// rows, and `true`; else `false`, nothing written. The default has none.
+    fn gemm_stored(self, _w: &Weights<'_>, _x: &[f32], _y: &mut [f32], _stride: usize) -> bool {
+        false
+    }
+
+    /// A hint that `bytes` will be read soon (x86: each cache line prefetched towards
+    /// L2). The default does nothing.
+    fn prefetch(self, _bytes: &[u8]) {}
+
     /// Weighted sum `out ← out + Σ_t p_t · v_t` in `t` order, `v_t` the `t`-th row of
     /// `values` (each `out.len()` long) and `t in 0..p.len()`.
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]);

@@ -16,7 +16,7 @@
 //! | op | SIMD path |
 //! |----|-----------|
 //! | `gemv` | per row, the packed blocks decoded in registers, FMA against `x` in f32; on x86 the row 4 ahead prefetched (`x86/dot.rs`, `PREFETCH_ROWS`: mapped weights cross a 4 KiB page every few rows, where the hardware prefetchers stop); on SIMD128 (no FMA) a multiply then an add, two rows of `Q4_*`/`Q8_0` at a time in a transposed block order that needs no byte shuffles (`wasm32/quant.rs`) |
-//! | `gemm` | `n = 1`: `gemv`; else `matrixmultiply::sgemm` on the f32 weights, or on panels of 64 decoded rows |
+//! | `gemm` | `n = 1`: `gemv`; up to 8 tokens: panels of 64 decoded rows (f32 weights as stored) dotted with every token (AVX2: 3 rows × 4 tokens per pass, `x86/dot.rs`; `Q8_0`/`Q4_0`/`Q4_1` with up to 24 KiB of tokens straight from the blocks, each decoded in registers once for all tokens, the same bits, `x86/quant.rs`); more: `matrixmultiply::sgemm` on the f32 weights or on wider decoded panels |
 //! | `attention` | in parts of 256 slots folded by an exact log-sum-exp merge (so `Rayon` can split a decode step's keys over threads); per tile of query rows and a KV group's heads, blocks of 64 key/value rows read in their stored type (f32, f16, bf16, q8_0) once for every vector of the tile; SIMD scores, `exp` and weighted sums |
 //! | `softmax` | a vectorised `exp` within 3 ulps, the same Cephes `expf` in 8 (AVX2, `x86/dot.rs`) or 4 lanes (NEON, `aarch64/dot.rs`; SIMD128, `wasm32/dot.rs`, without FMA) |
 //! | `rms_norm` | SIMD sum of squares and products |

@@ -5,8 +5,9 @@
 //! - `gemm`: `n = 1` is the GEMV. Otherwise `Y ← X Wᵀ` by `matrixmultiply::sgemm`:
 //!   directly on the stored values for aligned `F32` weights (strides express the
 //!   transpose, no copy), else on panels of weight rows decoded into an f32 scratch, so
-//!   each decoded row serves all `n` tokens: for `n ≤ SMALL_N` panels of [`PANEL_ROWS`]
-//!   as plain dot products, without sgemm's packing; else panels of up to
+//!   each decoded row serves all `n` tokens: for `n ≤ SMALL_N` panels of
+//!   [`PANEL_ROWS`] through `K::gemm_rows` (AVX2: register blocks of 3 rows × 4 tokens),
+//!   without sgemm's packing; else panels of up to
 //!   [`SGEMM_PANEL_BYTES`] for `sgemm` (which packs `X` once per panel).
 //! - `attention`: flash-attention's online softmax at the granularity of parts of
 //!   [`ATTN_PART`] positions: each part ([`attention_part`]) gives every query row and
@@ -34,13 +35,14 @@ use kvcore::kv::{KvRows, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, s};
 use std::ops::Range;
 
-/// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 × 4`
-/// bytes = 512 KiB at the widest reduction of the two models, in L2 while the tokens are
-/// dotted with it.
+/// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 ×
+/// 4` bytes = 512 KiB at the widest reduction of the two models, in L2 while the tokens
+/// are dotted with it. (8 to 64 rows measured alike: `BENCHMARKS.md`, "Batched decode
+/// with f32 activations".)
 pub(crate) const PANEL_ROWS: usize = 64;
 
-/// The f32 bytes of one decoded panel for `sgemm` (`n > SMALL_N`). Each `sgemm` call packs
-/// all of `X` again, so a panel must be wide enough for that to be small beside the
+/// The f32 bytes of one decoded panel for `sgemm` (`n > SMALL_N`). Each `sgemm`
+/// call packs all of `X` again, so a panel must be wide enough for that to be small beside the
 /// `rows · n · cols` products: with 64-row panels the packing was 24 % of a 696-token
 /// Gemma 3 prefill (perf), as much as a quarter of the micro-kernel's time. 2 MiB holds
 /// 256 rows at `cols = 2048` and 819 at 640, and stays within a core's share of L3.
@@ -56,11 +58,16 @@ fn panel_rows(n: usize, cols: usize) -> usize {
     (SGEMM_PANEL_BYTES / (4 * cols) / 8 * 8).max(PANEL_ROWS)
 }
 
-/// Up to this many tokens, a GEMM of stored (non-f32) weights dots each decoded panel row
-/// with each token instead of packing the panel for `sgemm`: the packing is linear in
-/// the weights and dominated a 6-token prefill of Gemma 3 (the products are only `n` per
-/// weight).
+/// Up to this many tokens, a GEMM dots each decoded panel row with each token
+/// (`K::gemm_rows`) instead of packing the panel for `sgemm`: the packing is linear in the
+/// weights and dominated a 6-token prefill of Gemma 3 (the products are only `n` per
+/// weight). AVX2's `gemm_rows` outruns `sgemm` up to 32 tokens, but the bound stays at
+/// `kvcore::model::Q8_MAX_TOKENS`: a pass with 8-bit activations sends longer chunks'
+/// rows through the f32 GEMM, alone or stacked with other sequences' chunks, and they
+/// give the same bits either way only if every such GEMM takes the same path (`sgemm`,
+/// whose rows do not depend on `n`).
 pub(crate) const SMALL_N: usize = 8;
+const _: () = assert!(SMALL_N <= kvcore::model::Q8_MAX_TOKENS);
 
 /// `Σ x_j` over each 32-element block of `x`, left to right in f32 (`Q4_1` only).
 fn block_sums(dtype: DType, x: &[f32]) -> Vec<f32> {
@@ -109,6 +116,9 @@ pub(crate) fn gemm<K: Kernel>(k: K, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
             return;
         }
     }
+    if n <= SMALL_N && k.gemm_stored(w, x, y, rows) {
+        return; // the panels' bits, straight from the stored blocks
+    }
     let panel_rows = panel_rows(n, cols);
     let len = panel_rows.min(rows) * cols;
     PANEL.with_borrow_mut(|panel| {
@@ -137,6 +147,9 @@ fn panels<K: Kernel>(
         let rb = w.row_bytes();
         let bytes = &w.data()[r0 * rb..(r0 + p) * rb];
         k.dequantize(w.dtype(), bytes, &mut panel[..p * cols]);
+        // The next panel's bytes come from memory while this one's products run.
+        let next = (r0 + p) * rb..((r0 + p + panel_rows).min(rows)) * rb;
+        k.prefetch(&w.data()[next]);
         if n <= SMALL_N {
             small_gemm(k, &panel[..p * cols], x, cols, rows, r0, y);
             continue;
@@ -171,8 +184,8 @@ pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f
     }
 }
 
-/// `Y[:, r0 .. r0 + p] ← X Wᵀ` for a few tokens and `p` f32 weight rows `w: [p, cols]`:
-/// each row dotted with each token (`scores` with scale 1, exact), while the rows are in
+/// `Y[:, r0 .. r0 + p] ← X Wᵀ` for a few tokens and `p` f32 weight rows `w: [p, cols]`
+/// (`K::gemm_rows`: AVX2 dots two rows with four tokens per pass), while the rows are in
 /// cache. Packing them for sgemm would cost more than the `n` products per weight.
 fn small_gemm<K: Kernel>(
     k: K,
@@ -183,10 +196,7 @@ fn small_gemm<K: Kernel>(
     r0: usize,
     y: &mut [f32],
 ) {
-    let p = w.len() / cols;
-    for (t, xt) in x.chunks_exact(cols).enumerate() {
-        k.scores(xt, w.chunks_exact(cols), 1.0, &mut y[t * rows + r0..][..p]);
-    }
+    k.gemm_rows(w, x, cols, &mut y[r0..], rows);
 }
 
 /// Slots per attention block: the key (or value) rows of one KV head read by one

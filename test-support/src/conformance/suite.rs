@@ -258,7 +258,7 @@ macro_rules! conformance_suite {
 
                 #[test]
                 fn gemm(
-                    (dtype, cols) in dtype_cols(), rows in dim(), n in 0usize..12,
+                    (dtype, cols) in dtype_cols(), rows in dim(), n in 0usize..20,
                     seed in any::<u64>()
                 ) {
                     let case = Gemm::new(dtype, rows, cols.max(dtype.block_len()), n, seed);

@@ -84,6 +84,21 @@ impl Kernel for Avx2 {
         unsafe { dot::scores(q, keys, scale, scores) }
     }
 
+    fn gemm_rows(self, w: &[f32], x: &[f32], cols: usize, y: &mut [f32], stride: usize) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::gemm_rows(w, x, cols, y, stride) }
+    }
+
+    fn gemm_stored(self, w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usize) -> bool {
+        // SAFETY: features detected (see above).
+        unsafe { quant::gemm_blocks(w, x, y, stride) }
+    }
+
+    fn prefetch(self, bytes: &[u8]) {
+        // SAFETY: features detected (see above).
+        unsafe { dot::prefetch_l2(bytes) }
+    }
+
     fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { dot::weighted_sum(p, values, out) }
