@@ -178,6 +178,21 @@ impl Block {
         }
     }
 
+    /// Eight of a block's weights from their quants `lane` ([`Block::decode`]) and the
+    /// block's `d` and `m` broadcast: `d·q`, then `+ m` for `Q4_1`, separately rounded —
+    /// the scalar decoder's values, bit for bit. (Per lane, so that a kernel computes
+    /// each weight vector where it uses it.)
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn weights(self, lane: __m256, dv: __m256, mv: __m256) -> __m256 {
+        let w = _mm256_mul_ps(dv, lane);
+        if self == Block::Q4_1 {
+            _mm256_add_ps(w, mv)
+        } else {
+            w
+        }
+    }
+
     fn bytes(self) -> usize {
         match self {
             Block::Q8_0 => DType::Q8_0,
@@ -339,12 +354,7 @@ fn gemm_blocks_n<const T: usize>(
             let (q, d, m) = fmt.decode(block);
             let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
             for (l, lane) in q.into_iter().enumerate() {
-                let wv = _mm256_mul_ps(dv, lane);
-                let wv = if fmt == Block::Q4_1 {
-                    _mm256_add_ps(wv, mv)
-                } else {
-                    wv
-                };
+                let wv = fmt.weights(lane, dv, mv);
                 let c = b * QK + 8 * l;
                 for (t, a) in acc.iter_mut().enumerate() {
                     // SAFETY: `x` is `T` rows of `cols` (asserted) and `c + 8 ≤ cols`
@@ -395,13 +405,7 @@ fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
         let (q, d, m) = fmt.decode(b);
         let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
         for (l, lane) in q.into_iter().enumerate() {
-            let w = _mm256_mul_ps(dv, lane);
-            let w = if fmt == Block::Q4_1 {
-                _mm256_add_ps(w, mv)
-            } else {
-                w
-            };
-            store(&mut o[8 * l..], w);
+            store(&mut o[8 * l..], fmt.weights(lane, dv, mv));
         }
     }
 }
