@@ -61,7 +61,7 @@ fn panel_rows(n: usize, cols: usize) -> usize {
 /// Up to this many tokens, a GEMM dots each decoded panel row with each token
 /// (`K::gemm_rows`) instead of packing the panel for `sgemm`: the packing is linear in the
 /// weights and dominated a 6-token prefill of Gemma 3 (the products are only `n` per
-/// weight). AVX2's `gemm_rows` outruns `sgemm` up to 32 tokens, but the bound stays at
+/// weight). AVX2's `gemm_rows` outran `sgemm` at 16 tokens too (540 against 685 µs), but the bound stays at
 /// `kvcore::model::Q8_MAX_TOKENS`: a pass with 8-bit activations sends longer chunks'
 /// rows through the f32 GEMM, alone or stacked with other sequences' chunks, and they
 /// give the same bits either way only if every such GEMM takes the same path (`sgemm`,
@@ -185,7 +185,7 @@ pub(crate) fn gemm_q8<K: Kernel>(k: K, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f
 }
 
 /// `Y[:, r0 .. r0 + p] ← X Wᵀ` for a few tokens and `p` f32 weight rows `w: [p, cols]`
-/// (`K::gemm_rows`: AVX2 dots two rows with four tokens per pass), while the rows are in
+/// (`K::gemm_rows`: AVX2 dots three rows with four tokens per pass), while the rows are in
 /// cache. Packing them for sgemm would cost more than the `n` products per weight.
 fn small_gemm<K: Kernel>(
     k: K,
