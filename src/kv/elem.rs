@@ -21,12 +21,11 @@
 //! never spans two heads, so it needs `head_dim` to be a multiple of 32
 //! ([`KvError::BlockShape`]).
 
-use std::mem;
-
 use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 
+use super::mem::Mem;
 use super::{Gate, KvError, KvRows, KvType};
 use crate::backend::q8;
 
@@ -131,25 +130,10 @@ pub(super) struct Buf {
 }
 
 enum Data {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8_0(Vec<BlockQ8_0>),
-}
-
-/// A zero-filled vector of exactly `len` units, through `gate` (consulted only when
-/// `len > 0`) and a fallible reservation: a refusal is [`KvError::AllocFailed`], never an
-/// abort.
-fn zeroed_vec<T: Pod>(gate: &Gate, len: usize) -> Result<Vec<T>, KvError> {
-    let bytes = len.saturating_mul(mem::size_of::<T>());
-    let refused = KvError::AllocFailed { bytes };
-    if len > 0 && gate.as_ref().is_some_and(|g| !g.admit(bytes)) {
-        return Err(refused);
-    }
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(len).map_err(|_| refused)?;
-    buf.resize(len, T::zeroed());
-    Ok(buf)
+    F32(Mem<f32>),
+    F16(Mem<f16>),
+    BF16(Mem<bf16>),
+    Q8_0(Mem<BlockQ8_0>),
 }
 
 /// Applies `$body` to the vector inside a `Data`, whatever its type.
@@ -177,10 +161,10 @@ impl Buf {
         // The store checked `max_ctx · row bytes` fits, and `rows ≤` that many rows.
         let len = rows * units;
         let data = match ty {
-            KvType::F32 => Data::F32(zeroed_vec(gate, len)?),
-            KvType::F16 => Data::F16(zeroed_vec(gate, len)?),
-            KvType::BF16 => Data::BF16(zeroed_vec(gate, len)?),
-            KvType::Q8_0 => Data::Q8_0(zeroed_vec(gate, len)?),
+            KvType::F32 => Data::F32(Mem::zeroed(gate, len)?),
+            KvType::F16 => Data::F16(Mem::zeroed(gate, len)?),
+            KvType::BF16 => Data::BF16(Mem::zeroed(gate, len)?),
+            KvType::Q8_0 => Data::Q8_0(Mem::zeroed(gate, len)?),
         };
         Ok(Buf { units, data })
     }
@@ -203,7 +187,7 @@ impl Buf {
 
     /// Bytes allocated.
     pub(super) fn bytes(&self) -> usize {
-        each!(&self.data, v => v.capacity() * unit_size(v))
+        each!(&self.data, v => v.bytes())
     }
 
     /// Copies `n` rows of `src` (the same type and row size) from row `from` to row `to`.
@@ -280,11 +264,6 @@ impl Buf {
             Data::Q8_0(d) => KvRows::Q8_0(ArrayView3::from_shape(shape, &d[span]).expect(err)),
         }
     }
-}
-
-/// The size of one unit of `v`'s type.
-fn unit_size<T>(_: &[T]) -> usize {
-    mem::size_of::<T>()
 }
 
 /// Copies `rows` (any strides) into `dst`, row-major.

@@ -50,6 +50,7 @@
 mod dense;
 mod elem;
 mod grow;
+mod mem;
 mod paged;
 mod rows;
 mod view;
