@@ -14,6 +14,7 @@
 //! ones). Where the kernel refuses the advice (no THP support), the mapping keeps its
 //! 4 KiB pages: the contents are the same either way.
 
+#[cfg(target_os = "linux")]
 use std::marker::PhantomData;
 use std::mem;
 use std::ops::{Deref, DerefMut};
@@ -25,6 +26,7 @@ use super::{Gate, KvError};
 /// The size of a transparent huge page on x86_64 and aarch64 (4 KiB base pages), and
 /// the smallest buffer that is mapped rather than allocated: a smaller one could not
 /// hold a huge page.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(super) const HUGE_MIN: usize = 2 << 20;
 
 /// `len` zero-filled values of `T`.
