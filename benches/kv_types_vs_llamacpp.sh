@@ -4,6 +4,8 @@
 # V on), kvcore again. Writes one JSON file per run to OUT (default /tmp/kv-types-bench).
 #
 # Usage: benches/kv_types_vs_llamacpp.sh [MODEL.gguf] [OUT]
+# ACTS=q8 runs kvcore with 8-bit activations (llama.cpp's CPU matmuls always quantise
+# theirs, to q8_1 blocks): ACTS=f32,q8 runs both in each kvcore run.
 # Needs target/release/kvcore and the llama-cpp-python venv benches/compare_llamacpp.sh
 # builds (~/.cache/kvcore/llama-cpp-venv-avx2). BENCHMARKS.md, "KV element types at depth".
 set -euo pipefail
@@ -13,9 +15,10 @@ out=${2:-/tmp/kv-types-bench}
 py=${LLAMA_CPP_PYTHON:-$HOME/.cache/kvcore/llama-cpp-venv-avx2/bin/python}
 mkdir -p "$out"
 args=(-p 512 -n 32 -d 0,256,1024,4096 -r 3 -t 2)
-target/release/kvcore bench "$model" "${args[@]}" --kv-type f32,f16,q8_0 --json > "$out/kvcore_a.json"
+acts=${ACTS:-f32}
+target/release/kvcore bench "$model" "${args[@]}" --kv-type f32,f16,q8_0 --activations "$acts" --json > "$out/kvcore_a.json"
 "$py" benches/llamacpp_driver.py bench "$model" "${args[@]}" -c 8192 > "$out/llamacpp_f16.json"
 "$py" benches/llamacpp_driver.py bench "$model" "${args[@]}" -c 8192 --flash-attn on > "$out/llamacpp_f16_fa.json"
 "$py" benches/llamacpp_driver.py bench "$model" "${args[@]}" -c 8192 --type-k q8_0 --type-v q8_0 --flash-attn on > "$out/llamacpp_q8_0_fa.json"
-target/release/kvcore bench "$model" "${args[@]}" --kv-type f32,f16,q8_0 --json > "$out/kvcore_b.json"
+target/release/kvcore bench "$model" "${args[@]}" --kv-type f32,f16,q8_0 --activations "$acts" --json > "$out/kvcore_b.json"
 echo "results in $out"
