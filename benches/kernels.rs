@@ -20,6 +20,10 @@
 //! - `attention_paged`: the same decode step at 4096 positions and a 64-query prefill
 //!   chunk at 1024, over a `PagedKv` view of blocks of 16 … 256 positions (one segment per
 //!   block) beside a `GrowKv` (one segment, `grow`): what a block size costs attention.
+//! - `attention_prefill`: the last 256 queries of a causal prefill of 1024 positions
+//!   (SmolLM2's heads; f32, f16 and q8_0 rows) on one thread of the `simd` backend: the
+//!   tiled prefill kernels without the thread split. Throughput: `4·heads·head_dim` flops
+//!   per visible (query, key) pair.
 //! - `bandwidth`: a plain sum over a 256 MiB buffer (far beyond the caches), on 1 and 2
 //!   threads: this machine's memory read limit.
 //!
@@ -301,6 +305,43 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
+fn attention_prefill(c: &mut Criterion) {
+    let b = Backends::new();
+    let kv_dim = KV_HEADS * HEAD_DIM;
+    let (n, rows) = (1024, 256);
+    let mut group = c.benchmark_group("attention_prefill");
+    configure(&mut group);
+    for ty in KV_TYPES {
+        let shape = (n, KV_HEADS, HEAD_DIM);
+        let keys = Encoded::new(ty, &values(n * kv_dim, 4), shape);
+        let vals = Encoded::new(ty, &values(n * kv_dim, 5), shape);
+        let seg = KvSegment::new(0, keys.rows(), vals.rows()).expect("segment");
+        let kv = KvView::new(KV_HEADS, HEAD_DIM, vec![seg]).expect("view");
+        let q = Array3::from_shape_vec((rows, HEADS, HEAD_DIM), values(rows * HEADS * HEAD_DIM, 6))
+            .expect("shape");
+        let mut out = Array3::<f32>::zeros((rows, HEADS, HEAD_DIM));
+        let positions: Vec<usize> = (n - rows..n).collect();
+        let params = AttnParams::causal(HEAD_DIM);
+        let pairs: usize = positions.iter().map(|p| p + 1).sum();
+        group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * pairs) as u64));
+        let id = BenchmarkId::new(format!("simd/{ty}"), format!("{rows}q/{n}"));
+        group.bench_function(id, |bench| {
+            bench.iter(|| {
+                (b.simd)
+                    .attention(
+                        black_box(q.view()),
+                        &positions,
+                        &kv,
+                        &params,
+                        out.view_mut(),
+                    )
+                    .expect("attention")
+            })
+        });
+    }
+    group.finish();
+}
+
 /// Block sizes of the paged attention benches.
 const BLOCK_LENS: [usize; 5] = [16, 32, 64, 128, 256];
 
@@ -407,6 +448,7 @@ criterion_group!(
     gemm,
     gemm_few,
     attention,
-    attention_paged
+    attention_paged,
+    attention_prefill
 );
 criterion_main!(kernels);

@@ -29,6 +29,14 @@ use super::{Gate, KvError};
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(super) const HUGE_MIN: usize = 2 << 20;
 
+/// The smallest buffer that is mapped: [`HUGE_MIN`], except in fuzzing builds
+/// (cargo-fuzz sets `--cfg fuzzing`), where it is one 4 KiB page so the fuzz targets'
+/// small geometries reach the mapped path too.
+#[cfg(all(target_os = "linux", not(fuzzing)))]
+const MAP_MIN: usize = HUGE_MIN;
+#[cfg(all(target_os = "linux", fuzzing))]
+const MAP_MIN: usize = 4096;
+
 /// `len` zero-filled values of `T`.
 pub(super) struct Mem<T: Pod> {
     inner: Inner<T>,
@@ -56,7 +64,7 @@ impl<T: Pod> Mem<T> {
             return Err(refused);
         }
         #[cfg(target_os = "linux")]
-        if bytes >= HUGE_MIN {
+        if bytes >= MAP_MIN {
             return Self::mapped(bytes, len).map_err(|_| refused);
         }
         let mut v = Vec::new();
@@ -77,8 +85,11 @@ impl<T: Pod> Mem<T> {
         let map = memmap2::MmapMut::map_anon(total)?;
         let at = (map.as_ptr() as usize).next_multiple_of(HUGE_MIN) - map.as_ptr() as usize;
         // The advice is a hint: a kernel without transparent huge pages refuses it and
-        // the mapping keeps its small pages, with the same contents.
-        let _ = map.advise_range(memmap2::Advice::HugePage, at, bytes);
+        // the mapping keeps its small pages, with the same contents. Only for a buffer
+        // that can hold a huge page (a fuzzing build maps smaller ones, see `MAP_MIN`).
+        if bytes >= HUGE_MIN {
+            let _ = map.advise_range(memmap2::Advice::HugePage, at, bytes);
+        }
         Ok(Mem {
             inner: Inner::Mapped {
                 map,

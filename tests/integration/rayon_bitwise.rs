@@ -194,6 +194,22 @@ macro_rules! bitwise_suite {
                     same_bits(&*INNER, &POOLS, &Attention::new(shape, n_new, 0, seed));
                 }
 
+                /// Prefill chunks over rows of every KV type: `Rayon` splits the query
+                /// rows, so the inner backend sees tiles of other sizes (its weighted
+                /// sums of more than 8 outputs convert the rows once for all passes).
+                #[test]
+                fn attention_prefill_kv_types(
+                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
+                    group in 1usize..4, pos0 in 0usize..300, n_new in 8usize..30,
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let case = Attention::new(shape, n_new, 0, seed).with_kv_types((k, v));
+                    same_bits(&*INNER, &POOLS, &case);
+                }
+
                 /// Decode steps and short prefills over deep caches: with few rows,
                 /// `Rayon` splits the keys into parts over its threads (when the inner
                 /// backend computes attention in parts) and folds them as the inner

@@ -217,9 +217,12 @@ pub(crate) const ATTN_BLOCK: usize = 64;
 pub(crate) const ATTN_PART: usize = 256;
 
 /// Query vectors (query rows × heads of one KV group) per tile of `attention_part`: a
-/// tile's vectors share every key and value row read (`x86/attn.rs` keeps 8 in
-/// registers).
-const TILE_VECS: usize = 8;
+/// tile's vectors share every key and value row read and converted (SmolLM2: 8 query
+/// rows × 3 heads). 24 instead of 8 made the tiled prefill kernels 8 % faster
+/// (`cargo bench --bench kernels -- attention_prefill`, f32 rows, Zen 3): the 8 key rows
+/// `x86/attn.rs` converts per block serve three times the vectors. A decode step's tile
+/// is its one row whatever this is.
+const TILE_VECS: usize = 24;
 
 thread_local! {
     /// The decoded weight panel of [`gemm`], reused by every call on this thread (up to

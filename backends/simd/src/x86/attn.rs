@@ -281,7 +281,9 @@ fn weighted_cols<R: Rows, const NV: usize, const C: usize>(
         }
     }
     let whole = C == 4 && c0.is_multiple_of(32);
-    for t in 0..rows.rows() {
+    let n = rows.rows();
+    assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
+    for t in 0..n {
         let mut x = [_mm256_setzero_ps(); C];
         if whole {
             // SAFETY: `t < rows`, `c0 + 32 ≤ hd` (the caller's loop), `c0` a multiple of
@@ -295,7 +297,10 @@ fn weighted_cols<R: Rows, const NV: usize, const C: usize>(
             }
         }
         for (v, a) in acc.iter_mut().enumerate() {
-            let pv = _mm256_set1_ps(p[v * stride + t]);
+            // SAFETY: `v < NV` and `t < n`, so `v·stride + t < (NV − 1)·stride + n ≤
+            // p.len()` (asserted above). Unchecked: the bounds checks of the six weight
+            // reads per row took more instructions than the row's twelve FMAs.
+            let pv = _mm256_broadcast_ss(unsafe { &*p.as_ptr().add(v * stride + t) });
             for (c, o) in a.iter_mut().enumerate() {
                 *o = _mm256_fmadd_ps(pv, x[c], *o);
             }
@@ -404,6 +409,9 @@ fn lane_sums(a: &[__m256; 8]) -> __m256 {
 /// thus `scale · Σ` of the 8 lanes of its row's chain, the same operations for every
 /// row, vector and position in a block of 8 (the last, partial block re-reads its last
 /// row in the unused slots and stores only its own rows).
+///
+/// Register blocks of 2 or 3 vectors × 4 rows (fewer loads per FMA) ran 10–20 % slower
+/// here on Zen 3 (`cargo bench --bench kernels -- attention_prefill`).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scores_by_8<R: Rows, const CH: usize>(
     qs: &[f32],
@@ -431,7 +439,7 @@ fn scores_by_8<R: Rows, const CH: usize>(
                 x.copy_from_slice(&unsafe { rows.load32(t, 32 * c4) });
             }
         }
-        for q in qs.chunks_exact(hd) {
+        for (v, q) in qs.chunks_exact(hd).enumerate() {
             let mut acc = [_mm256_setzero_ps(); 8];
             for c in 0..CH {
                 let qc = load(&q[8 * c..]);
@@ -439,10 +447,17 @@ fn scores_by_8<R: Rows, const CH: usize>(
                     *a = _mm256_fmadd_ps(qc, row[c], *a);
                 }
             }
-            let mut s = [0.0f32; 8];
-            store(&mut s, _mm256_mul_ps(sc, lane_sums(&acc)));
-            let v = (q.as_ptr() as usize - qs.as_ptr() as usize) / (4 * hd);
-            out[v * stride + t0..][..m].copy_from_slice(&s[..m]);
+            let s = _mm256_mul_ps(sc, lane_sums(&acc));
+            let dst = &mut out[v * stride + t0..];
+            if m == 8 {
+                // A whole block: one store (a `copy_from_slice` of 8 became a `memcpy`
+                // call per vector and block, 4 % of a 4096-token prefill).
+                store(dst, s);
+            } else {
+                let mut part = [0.0f32; 8];
+                store(&mut part, s);
+                dst[..m].copy_from_slice(&part[..m]);
+            }
         }
     }
 }
@@ -475,22 +490,77 @@ pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32]
     }
 }
 
+/// Outputs per pass of [`weighted`] when a call has more than [`MAX_VECS`]: 6 outputs ×
+/// 16 columns keep 12 accumulators and read 8 values (2 row chunks, 6 weights) per 12
+/// FMAs; passes of 8 × 8 columns read 9 per 8.
+const PASS_VECS: usize = 6;
+
+std::thread_local! {
+    /// [`weighted`]'s rows converted to f32 once for all its passes.
+    static CONVERTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `outs[v] += Σ_t p[v · stride + t] · v_t` for every output of `outs: [nv, head_dim]`
-/// over the rows of `values` (see the module docs).
+/// over the rows of `values` (see the module docs). A call of more than [`MAX_VECS`]
+/// outputs (a prefill tile) runs in passes of [`PASS_VECS`] over the rows; rows stored
+/// as f16, bf16 or q8_0 are then converted to f32 once, into a scratch the passes read,
+/// instead of once per pass (the same values: every pass would convert them alike).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
-    let hd = values.head_dim();
-    if hd == 0 || values.len() == 0 {
+    let (n, hd) = (values.len(), values.head_dim());
+    if hd == 0 || n == 0 {
         return;
     }
-    for (pass, o) in outs.chunks_mut(MAX_VECS * hd).enumerate() {
-        let p = &p[pass * MAX_VECS * stride..];
-        // Column passes per vector count: `NV · C ≤ 12` accumulators.
-        per_type!(values, r => per_vecs!(o.len() / hd, NV => match NV {
-            1 => weighted_n::<_, NV, 8>(p, stride, r, o),
-            2 | 3 => weighted_n::<_, NV, 4>(p, stride, r, o),
-            4..=6 => weighted_n::<_, NV, 2>(p, stride, r, o),
-            _ => weighted_n::<_, NV, 1>(p, stride, r, o),
-        }));
+    if outs.len() <= MAX_VECS * hd {
+        per_type!(values, r => weighted_pass(p, stride, r, outs));
+        return;
+    }
+    if let HeadRows::F32(a) = values {
+        return weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs);
+    }
+    CONVERTED.with_borrow_mut(|buf| {
+        buf.resize(n * hd, 0.0);
+        per_type!(values, r => convert(r, buf));
+        let a = ArrayView2::from_shape((n, hd), &buf[..]).expect("n · head_dim values");
+        weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs);
+    });
+}
+
+/// [`weighted`] in passes of [`PASS_VECS`] outputs.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_passes(p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
+    let hd = r.head_dim();
+    for (pass, o) in outs.chunks_mut(PASS_VECS * hd).enumerate() {
+        weighted_pass(&p[pass * PASS_VECS * stride..], stride, r, o);
+    }
+}
+
+/// One pass of [`weighted`] over `outs.len() / head_dim ≤ MAX_VECS` outputs, in column
+/// passes of `8·C` (`NV · C ≤ 12` accumulators).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_pass<R: Rows>(p: &[f32], stride: usize, r: R, o: &mut [f32]) {
+    per_vecs!(o.len() / r.head_dim(), NV => match NV {
+        1 => weighted_n::<_, NV, 8>(p, stride, r, o),
+        2 | 3 => weighted_n::<_, NV, 4>(p, stride, r, o),
+        4..=6 => weighted_n::<_, NV, 2>(p, stride, r, o),
+        _ => weighted_n::<_, NV, 1>(p, stride, r, o),
+    })
+}
+
+/// `out ← rows` as f32 (`[rows, head_dim]`), through the same `load8` (and `get` for a
+/// `head_dim mod 8` tail) the kernels read them with.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn convert<R: Rows>(rows: R, out: &mut [f32]) {
+    let hd = rows.head_dim();
+    for (t, o) in out.chunks_exact_mut(hd).enumerate().take(rows.rows()) {
+        let mut j = 0;
+        while j + 8 <= hd {
+            // SAFETY: `t < rows`, `j + 8 ≤ hd`, `j` a multiple of 8; features enabled.
+            store(&mut o[j..], unsafe { rows.load8(t, j) });
+            j += 8;
+        }
+        for (jj, x) in o.iter_mut().enumerate().skip(j) {
+            *x = rows.get(t, jj);
+        }
     }
 }
