@@ -32,7 +32,7 @@ use kvcore::backend::{
     AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
 };
 use kvcore::kv::{KvRows, KvView};
-use kvcore::ndarray::{ArrayView3, ArrayViewMut3, s};
+use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 ×
@@ -330,18 +330,19 @@ pub(crate) fn attention<K: Kernel>(
                     .expect("the fold scratch holds n · n_heads · head_dim");
                 let (po, ps) = (po.view_mut(), &mut f.part_stats);
                 attention_part(k, q, q_pos, kv, part, params, po, ps)?;
-                for (idx, (acc, &ps)) in f.stats.iter_mut().zip(&f.part_stats).enumerate() {
-                    let (i, h) = (idx / n_heads, idx % n_heads);
-                    let mut o = out.slice_mut(s![i, h, ..]);
+                // The output rows `[i, h, ..]` in `idx = i · n_heads + h` order.
+                let rows = (f.stats.iter_mut().zip(&f.part_stats))
+                    .zip(f.part.chunks_exact(hd))
+                    .zip(out.rows_mut());
+                for (((acc, &ps), part), mut o) in rows {
                     let o = o
                         .as_slice_mut()
                         .expect("the last axis is contiguous (checked)");
-                    merge_part(acc, o, ps, &f.part[idx * hd..(idx + 1) * hd]);
+                    merge_part(acc, o, ps, part);
                 }
             }
         }
-        for (idx, &st) in f.stats.iter().enumerate() {
-            let mut o = out.slice_mut(s![idx / n_heads, idx % n_heads, ..]);
+        for (&st, mut o) in f.stats.iter().zip(out.rows_mut()) {
             finish_part(
                 st,
                 o.as_slice_mut()
@@ -453,7 +454,11 @@ pub(crate) fn attention_part<K: Kernel>(
                 for i in rows.clone() {
                     for h in heads.clone() {
                         let at = sc.q.len();
-                        sc.q.extend(q.slice(s![i, h, ..]).iter());
+                        let qv = q.slice(s![i, h, ..]);
+                        let qv = qv
+                            .as_slice()
+                            .expect("the last axis is contiguous (checked)");
+                        sc.q.extend_from_slice(qv);
                         if k_rot {
                             kvcore_scalar::unrotate(&mut sc.q[at..]);
                         }
@@ -510,7 +515,7 @@ pub(crate) fn attention_part<K: Kernel>(
                         kvcore_scalar::unrotate(acc);
                     }
                     let (i, h) = (rows.start + v / group, kvh * group + v % group);
-                    let mut o = out.slice_mut(s![i, h, ..]);
+                    let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
                     o.as_slice_mut()
                         .expect("the last axis is contiguous (checked)")
                         .copy_from_slice(acc);
