@@ -274,18 +274,30 @@ fn gemm_few(c: &mut Criterion) {
     }
 }
 
+/// `n` cached positions of random keys and values stored as `ty`.
+fn cached(ty: KvType, n: usize) -> (Encoded, Encoded) {
+    let kv_dim = KV_HEADS * HEAD_DIM;
+    let shape = (n, KV_HEADS, HEAD_DIM);
+    (
+        Encoded::new(ty, &values(n * kv_dim, 4), shape),
+        Encoded::new(ty, &values(n * kv_dim, 5), shape),
+    )
+}
+
+/// The view of `keys` and `vals` as one segment from position 0.
+fn one_segment<'a>(keys: &'a Encoded, vals: &'a Encoded) -> KvView<'a> {
+    let seg = KvSegment::new(0, keys.rows(), vals.rows()).expect("segment");
+    KvView::new(KV_HEADS, HEAD_DIM, vec![seg]).expect("view")
+}
+
 fn attention(c: &mut Criterion) {
     let b = Backends::new();
-    let kv_dim = KV_HEADS * HEAD_DIM;
     let mut group = c.benchmark_group("attention");
     configure(&mut group);
     for n in POSITIONS {
         for ty in KV_TYPES {
-            let shape = (n, KV_HEADS, HEAD_DIM);
-            let keys = Encoded::new(ty, &values(n * kv_dim, 4), shape);
-            let vals = Encoded::new(ty, &values(n * kv_dim, 5), shape);
-            let seg = KvSegment::new(0, keys.rows(), vals.rows()).expect("segment");
-            let kv = KvView::new(KV_HEADS, HEAD_DIM, vec![seg]).expect("view");
+            let (keys, vals) = cached(ty, n);
+            let kv = one_segment(&keys, &vals);
             let q = Array3::from_shape_vec((1, HEADS, HEAD_DIM), values(HEADS * HEAD_DIM, 6))
                 .expect("shape");
             let mut out = Array3::<f32>::zeros((1, HEADS, HEAD_DIM));
@@ -307,16 +319,12 @@ fn attention(c: &mut Criterion) {
 
 fn attention_prefill(c: &mut Criterion) {
     let b = Backends::new();
-    let kv_dim = KV_HEADS * HEAD_DIM;
     let (n, rows) = (1024, 256);
     let mut group = c.benchmark_group("attention_prefill");
     configure(&mut group);
     for ty in KV_TYPES {
-        let shape = (n, KV_HEADS, HEAD_DIM);
-        let keys = Encoded::new(ty, &values(n * kv_dim, 4), shape);
-        let vals = Encoded::new(ty, &values(n * kv_dim, 5), shape);
-        let seg = KvSegment::new(0, keys.rows(), vals.rows()).expect("segment");
-        let kv = KvView::new(KV_HEADS, HEAD_DIM, vec![seg]).expect("view");
+        let (keys, vals) = cached(ty, n);
+        let kv = one_segment(&keys, &vals);
         let q = Array3::from_shape_vec((rows, HEADS, HEAD_DIM), values(rows * HEADS * HEAD_DIM, 6))
             .expect("shape");
         let mut out = Array3::<f32>::zeros((rows, HEADS, HEAD_DIM));
