@@ -294,6 +294,17 @@ pub trait Backend: Send + Sync {
     /// Row `t` of `Y` equals `gemv(W, X[t])` up to rounding.
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError>;
 
+    /// The fewest tokens from which [`gemm`](Backend::gemm)'s rows stand alone, or `None`
+    /// (the default) when they may not.
+    ///
+    /// `Some(m)` is a promise: in a call of at least `m` tokens, row `t` of `Y` is, bit
+    /// for bit, a function of `W` and `X[t]` alone, whatever the other tokens of the call
+    /// and their number. A parallel backend uses it to split a long prefill's GEMM over
+    /// tokens (each piece packing only its own activations) and stay bitwise equal.
+    fn gemm_rows_alone_from(&self) -> Option<usize> {
+        None
+    }
+
     /// Rotary position embedding, in place.
     ///
     /// `x: [positions.len(), n_heads, head_dim]`; row `t` is rotated for absolute position
@@ -465,6 +476,9 @@ impl<B: Backend + ?Sized> Backend for &B {
         params: &AttnParams,
     ) -> Result<(), ShapeError> {
         (**self).attention_batch(jobs, params)
+    }
+    fn gemm_rows_alone_from(&self) -> Option<usize> {
+        (**self).gemm_rows_alone_from()
     }
     fn attention_part_len(&self) -> Option<usize> {
         (**self).attention_part_len()

@@ -185,6 +185,17 @@ macro_rules! bitwise_suite {
                     same_bits(&*INNER, &POOLS, &Gemm::new(dtype, rows, cols, n, seed));
                 }
 
+                /// Long prefills: `Rayon` splits GEMMs of 512 tokens or more over tokens
+                /// (when the inner backend's rows stand alone), the pieces of any size.
+                #[test]
+                fn gemm_long_prefill(
+                    (dtype, cols) in dtype_cols(), rows in 1usize..80,
+                    n in prop_oneof![500usize..530, 530usize..1100], seed in any::<u64>()
+                ) {
+                    let cols = cols.max(dtype.block_len());
+                    same_bits(&*INNER, &POOLS, &Gemm::new(dtype, rows, cols, n, seed));
+                }
+
                 #[test]
                 fn attention(
                     head_dim in head_dim(), n_kv in 1usize..4, group in 1usize..4,

@@ -72,7 +72,10 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use split::{ALIGN, FEW_ALIGN, FEW_TOKENS, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, chunk_len};
+use split::{
+    ALIGN, FEW_ALIGN, FEW_TOKENS, PAR_MIN_ELEMS, PAR_MIN_MACS, PAR_MIN_STREAM, TOKEN_SPLIT_MIN,
+    chunk_len,
+};
 
 /// A backend running `B`'s kernels on its own pool of worker threads.
 ///
@@ -327,9 +330,26 @@ impl<B: Backend> Backend for Rayon<B> {
         self.split_columns(w, n, y, |w, part| self.inner.gemm_q8(w, x, part))
     }
 
+    /// A prefill's GEMM of at least [`TOKEN_SPLIT_MIN`] tokens, when the inner backend's
+    /// rows stand alone ([`Backend::gemm_rows_alone_from`]), is split over tokens: each
+    /// piece packs only its own activations and writes its own rows of `Y` in place. Any
+    /// other GEMM is split over weight rows ([`Self::split_columns`]).
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         let n = check::gemm(w, x, y)?;
+        let alone = self.inner.gemm_rows_alone_from();
+        if let Some(chunk) = alone.and_then(|m| token_chunk(n, self.threads, m)) {
+            let (cols, rows) = (w.cols(), w.rows());
+            return self.pool.install(|| {
+                (x.par_chunks(chunk * cols))
+                    .zip(y.par_chunks_mut(chunk * rows))
+                    .try_for_each(|(xc, yc)| self.inner.gemm(w, xc, yc))
+            });
+        }
         self.split_columns(w, n, y, |w, part| self.inner.gemm(w, x, part))
+    }
+
+    fn gemm_rows_alone_from(&self) -> Option<usize> {
+        self.inner.gemm_rows_alone_from()
     }
 
     fn rope(
@@ -507,6 +527,21 @@ impl<B: Backend> Backend for Rayon<B> {
         check::embed_row(table, row, out)?;
         self.inner.embed_row(table, row, out)
     }
+}
+
+/// Tokens per piece of a GEMM split over tokens, or `None` to split it over weight rows:
+/// `n ≥ TOKEN_SPLIT_MIN` tokens (and `threads > 1`) are cut into `2 · threads` pieces of
+/// `⌈n / pieces⌉` (fewer where a piece would fall under `TOKEN_SPLIT_MIN / 4` tokens), so
+/// every piece, the last included, keeps at least `alone_from` tokens.
+fn token_chunk(n: usize, threads: usize, alone_from: usize) -> Option<usize> {
+    if threads < 2 || n < TOKEN_SPLIT_MIN {
+        return None;
+    }
+    let pieces = (2 * threads).min(n / (TOKEN_SPLIT_MIN / 4)).max(1);
+    let chunk = n.div_ceil(pieces);
+    // The last piece holds `n − (k − 1)·chunk ≥ n/pieces − pieces` tokens.
+    let last = n - (n.div_ceil(chunk) - 1) * chunk;
+    (last >= alone_from.max(1)).then_some(chunk)
 }
 
 /// Idle polls of a spinner between two `sched_yield`s.

@@ -52,6 +52,15 @@ pub(crate) const FEW_ALIGN: usize = 16;
 /// The most tokens of a GEMM split at [`FEW_ALIGN`] (16 sequences decoding together).
 pub(crate) const FEW_TOKENS: usize = 16;
 
+/// The fewest tokens of a GEMM split over tokens instead of weight rows (when the inner
+/// backend allows it, `Backend::gemm_rows_alone_from`). Split over weight rows, every
+/// piece's `sgemm` packs all of `X` again: `[4096, 576]` f32 activations are 9.4 MB,
+/// packed by each of 9–12 pieces per matmul (`pack_avx2` 9 % of a 4096-token prefill),
+/// and SmolLM2's `[192, 576]` K/V projections are 3 pieces on 2 threads. Over tokens,
+/// each piece packs its own rows once and decodes the weights once more (one more pass
+/// over them per piece, small beside `n` products per weight).
+pub(crate) const TOKEN_SPLIT_MIN: usize = 512;
+
 /// Tasks per worker thread, so that uneven progress (a shared machine, tails) balances.
 pub(crate) const TASKS_PER_THREAD: usize = 8;
 

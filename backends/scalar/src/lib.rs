@@ -64,6 +64,11 @@ impl Backend for Scalar {
         Ok(())
     }
 
+    /// Every output is its own `dot` of a weight row and a token's row.
+    fn gemm_rows_alone_from(&self) -> Option<usize> {
+        Some(1)
+    }
+
     fn rope(
         &self,
         x: &mut [f32],
