@@ -243,7 +243,7 @@ impl Backend for Simd {
         Ok(())
     }
 
-    /// Past [`ops::SMALL_N`] tokens every GEMM takes `sgemm` (on the stored f32 weights
+    /// Past 8 tokens (`ops::SMALL_N`) every GEMM takes `sgemm` (on the stored f32 weights
     /// or on decoded panels), whose output rows do not depend on the other rows of `X`;
     /// up to it, the few-token kernels, whose bits differ from `sgemm`'s.
     fn gemm_rows_alone_from(&self) -> Option<usize> {
