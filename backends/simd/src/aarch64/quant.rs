@@ -204,18 +204,21 @@ impl Block {
 #[target_feature(enable = "neon")]
 fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     assert_eq!(row.len(), x.len() / QK * fmt.bytes());
-    let mut acc = [vdupq_n_f32(0.0); 2];
+    // Two chains, even blocks and odd ones, swapped in registers after each block (see
+    // the x86 twin: an array indexed by `i & 1` is kept in memory).
+    let (mut now, mut next) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
     let mut offsets = 0.0f32;
     let blocks = row.chunks_exact(fmt.bytes()).zip(x.chunks_exact(QK));
     for (i, (b, xb)) in blocks.enumerate() {
         let (q, d, m) = fmt.decode(b);
         let t = block_dot(q, xb);
-        acc[i & 1] = vfmaq_f32(acc[i & 1], vdupq_n_f32(d), t);
+        let done = vfmaq_f32(now, vdupq_n_f32(d), t);
+        (now, next) = (next, done);
         if fmt == Block::Q4_1 {
             offsets += m * sums[i];
         }
     }
-    vaddvq_f32(vaddq_f32(acc[0], acc[1])) + offsets
+    vaddvq_f32(vaddq_f32(now, next)) + offsets
 }
 
 /// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.

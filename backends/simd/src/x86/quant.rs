@@ -211,18 +211,23 @@ impl Block {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     assert_eq!(row.len(), x.len() / QK * fmt.bytes());
-    let mut acc = [_mm256_setzero_ps(); 2];
+    // Two chains, even blocks and odd ones: each block adds into `now` and the pair
+    // swaps, in registers (an array indexed by `i & 1` was kept on the stack, a
+    // store-to-load round trip per block: 12-15 % slower decode). `now + next` at the
+    // end is the same sum whichever chain ends where.
+    let (mut now, mut next) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut offsets = 0.0f32;
     let blocks = row.chunks_exact(fmt.bytes()).zip(x.chunks_exact(QK));
     for (i, (b, xb)) in blocks.enumerate() {
         let (q, d, m) = fmt.decode(b);
         let t = block_dot(q, xb);
-        acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i & 1]);
+        let done = _mm256_fmadd_ps(_mm256_set1_ps(d), t, now);
+        (now, next) = (next, done);
         if fmt == Block::Q4_1 {
             offsets += m * sums[i];
         }
     }
-    hsum(_mm256_add_ps(acc[0], acc[1])) + offsets
+    hsum(_mm256_add_ps(now, next)) + offsets
 }
 
 /// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.
