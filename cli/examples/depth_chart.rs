@@ -14,6 +14,9 @@ use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// One line: kvcore's or not, its name, and per depth `(depth, median, min, max)`.
+type Line = (bool, String, Vec<(f64, f64, f64, f64)>);
+
 /// The fields of a bench row this chart reads (both systems write them).
 #[derive(Debug, serde::Deserialize)]
 struct Row {
@@ -119,8 +122,8 @@ fn main() -> anyhow::Result<()> {
     if series.is_empty() {
         bail!("no decode (tg) rows in {}", dir.display());
     }
-    // (kvcore first) series -> [(depth, median, min, max)]
-    let lines: Vec<(bool, String, Vec<(f64, f64, f64, f64)>)> = series
+    // kvcore's lines first.
+    let lines: Vec<Line> = series
         .into_iter()
         .rev()
         .map(|((kvcore, name), depths)| {
