@@ -330,10 +330,10 @@ impl<B: Backend> Backend for Rayon<B> {
         self.split_columns(w, n, y, |w, part| self.inner.gemm_q8(w, x, part))
     }
 
-    /// A prefill's GEMM of at least 512 tokens (`split::TOKEN_SPLIT_MIN`), when the inner backend's
-    /// rows stand alone ([`Backend::gemm_rows_alone_from`]), is split over tokens: each
-    /// piece packs only its own activations and writes its own rows of `Y` in place. Any
-    /// other GEMM is split over weight rows, as the other matmuls are.
+    /// A prefill's GEMM of at least 512 tokens (`split::TOKEN_SPLIT_MIN`), when the
+    /// inner backend's rows stand alone ([`Backend::gemm_rows_alone_from`]), is split over
+    /// tokens: each piece packs only its own activations and writes its own rows of `Y`
+    /// in place. Any other GEMM is split over weight rows, as the other matmuls are.
     fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         let n = check::gemm(w, x, y)?;
         let alone = self.inner.gemm_rows_alone_from();
