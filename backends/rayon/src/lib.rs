@@ -547,9 +547,6 @@ fn token_chunk(n: usize, threads: usize, alone_from: usize) -> Option<usize> {
 /// Idle polls of a spinner between two `sched_yield`s.
 const SPINS_PER_YIELD: u32 = 64;
 
-/// Run one piece of pending pool work if there is any, else pause: a `spin_loop` hint,
-/// and every [`SPINS_PER_YIELD`]-th idle poll a `sched_yield`, so that a pool with more
-/// threads than free cores still lets the thread with the real work run.
 /// Multiply-adds of one attention call: over its rows, the slots each sees, times
 /// `width` (heads × head_dim).
 fn attention_macs(q_pos: &[usize], kv: &KvView<'_>, params: &AttnParams, width: usize) -> usize {
@@ -565,6 +562,9 @@ fn attention_macs(q_pos: &[usize], kv: &KvView<'_>, params: &AttnParams, width: 
     keys_seen.saturating_mul(width)
 }
 
+/// Run one piece of pending pool work if there is any, else pause: a `spin_loop` hint,
+/// and every [`SPINS_PER_YIELD`]-th idle poll a `sched_yield`, so that a pool with more
+/// threads than free cores still lets the thread with the real work run.
 fn run_one_or_pause(idle: &mut u32) {
     if rayon::yield_now() == Some(rayon::Yield::Executed) {
         *idle = 0;
