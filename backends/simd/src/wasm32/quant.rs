@@ -273,9 +273,10 @@ impl Block {
 fn dot2_blocks(fmt: Block, rows: [&[u8]; 2], x: &[f32], sums: &[f32]) -> [f32; 2] {
     let bb = fmt.bytes();
     assert!(rows.iter().all(|r| r.len() == x.len() / QK * bb));
-    // Per row two chains, even blocks and odd ones, swapped in registers after each
-    // block (see the x86 twin: an array indexed by `i & 1` is kept in memory).
-    let (mut now, mut next) = ([f32x4_splat(0.0); 2], [f32x4_splat(0.0); 2]);
+    // Per row two chains, even blocks and odd ones, as `acc[r][i & 1]`. (The x86 twin
+    // swaps its chains in registers instead; here that made f32-activation decode 20 %
+    // slower under wasmtime, 24.4 → 19.9 tok/s, so the array stays.)
+    let mut acc = [[f32x4_splat(0.0); 2]; 2];
     let mut offsets = [0.0f32; 2];
     let blocks = rows[0]
         .chunks_exact(bb)
@@ -286,17 +287,14 @@ fn dot2_blocks(fmt: Block, rows: [&[u8]; 2], x: &[f32], sums: &[f32]) -> [f32; 2
         let s = scales2(b0, b1);
         let t0 = block_dot(fmt.lanes_t(b0), &xv);
         let t1 = block_dot(fmt.lanes_t(b1), &xv);
-        let done = [
-            mul_add(now[0], i32x4_shuffle::<0, 0, 0, 0>(s, s), t0),
-            mul_add(now[1], i32x4_shuffle::<2, 2, 2, 2>(s, s), t1),
-        ];
-        (now, next) = (next, done);
+        acc[0][i & 1] = mul_add(acc[0][i & 1], i32x4_shuffle::<0, 0, 0, 0>(s, s), t0);
+        acc[1][i & 1] = mul_add(acc[1][i & 1], i32x4_shuffle::<2, 2, 2, 2>(s, s), t1);
         if fmt == Block::Q4_1 {
             offsets[0] += f32x4_extract_lane::<1>(s) * sums[i];
             offsets[1] += f32x4_extract_lane::<3>(s) * sums[i];
         }
     }
-    [0, 1].map(|r| hsum(f32x4_add(now[r], next[r])) + offsets[r])
+    [0, 1].map(|r| hsum(f32x4_add(acc[r][0], acc[r][1])) + offsets[r])
 }
 
 /// `Σ_j w_j x_j` for one row of block format `fmt` (see the module docs).
@@ -306,21 +304,20 @@ fn dot2_blocks(fmt: Block, rows: [&[u8]; 2], x: &[f32], sums: &[f32]) -> [f32; 2
 #[inline]
 fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     assert_eq!(row.len(), x.len() / QK * fmt.bytes());
-    let (mut now, mut next) = (f32x4_splat(0.0), f32x4_splat(0.0));
+    let mut acc = [f32x4_splat(0.0); 2];
     let mut offsets = 0.0f32;
     let blocks = row.chunks_exact(fmt.bytes()).zip(x.chunks_exact(QK));
     for (i, (b, xb)) in blocks.enumerate() {
         let s = scales2(b, b);
         let xv: [v128; 8] = core::array::from_fn(|l| load(&xb[4 * l..]));
         let t = block_dot(fmt.lanes_t(b), &xv);
-        let done = mul_add(now, i32x4_shuffle::<0, 0, 0, 0>(s, s), t);
-        (now, next) = (next, done);
+        acc[i & 1] = mul_add(acc[i & 1], i32x4_shuffle::<0, 0, 0, 0>(s, s), t);
         let m = f32x4_extract_lane::<1>(s);
         if fmt == Block::Q4_1 {
             offsets += m * sums[i];
         }
     }
-    hsum(f32x4_add(now, next)) + offsets
+    hsum(f32x4_add(acc[0], acc[1])) + offsets
 }
 
 thread_local! {
