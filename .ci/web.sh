@@ -31,8 +31,9 @@ model="$(target/release/kvcore info smollm2 | sed -n 's/^file: //p')"
     echo "=== wasm32-unknown-unknown, simd: $("$RUSTC" --version)"
     wcargo build --release --target wasm32-unknown-unknown -p kvcore-web
 )
-# The release profile keeps line tables (20 MB of them here): the page gets the module
-# without its DWARF, its function names kept for stack traces.
+# The wasm builds have no line tables (.ci/wasm/env.sh); strip any DWARF left from the
+# standard library's objects: the page gets the module with its function names kept for
+# stack traces.
 built=target/wasm-simd/wasm32-unknown-unknown/release/kvcore_web.wasm
 wasm=target/web/kvcore_web.wasm
 mkdir -p target/web
