@@ -121,18 +121,33 @@ def test_ctrl_c_cancels_a_generation(model):
     """SIGINT during a long generation raises KeyboardInterrupt promptly; the session
     keeps what was generated."""
     session = kvcore.Session(model)
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter() - start)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.5, interrupt)
     start = time.perf_counter()
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            model.generate(
-                "Once upon a time",
-                max_tokens=1000,
-                temperature=0,
-                logit_bias=NO_STOP,
-                session=session,
-            )
+        model.generate(
+            "Once upon a time",
+            max_tokens=1000,
+            temperature=0,
+            logit_bias=NO_STOP,
+            session=session,
+        )
+    except KeyboardInterrupt:
+        pass
+    else:
+        # Seen once in CI (2026-12-05) and not reproduced since: say what happened.
+        s = session.last_stats
+        pytest.fail(
+            f"no KeyboardInterrupt: SIGINT sent at {sent} s, generate returned after "
+            f"{time.perf_counter() - start:.2f} s, finish_reason {s.finish_reason!r}, "
+            f"{s.generated_tokens} tokens"
+        )
     finally:
         timer.cancel()
     assert time.perf_counter() - start < 10
