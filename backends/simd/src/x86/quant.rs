@@ -182,15 +182,12 @@ impl Block {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn decode(self, b: &[u8]) -> ([__m256; 4], f32, f32) {
         let (d, m) = scales(b);
-        match self {
-            Block::Q8_0 => (q8_lanes(&b[2..]), d, 0.0),
-            Block::Q4_0 => (q4_lanes::<8>(&b[2..]), d, 0.0),
-            Block::Q4_1 => (q4_lanes::<0>(&b[4..]), d, m),
-        }
+        let m = if self == Block::Q4_1 { m } else { 0.0 };
+        (self.lanes(b), d, m)
     }
 
     /// The quants of one stored block as four f32 vectors (its scales are read apart, by
-    /// [`row_scales`]).
+    /// [`Block::decode`] or, four blocks at a time, [`quad_scales`]).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn lanes(self, b: &[u8]) -> [__m256; 4] {
@@ -356,7 +353,7 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
     if let Some(fmt) = Format::of(dtype) {
         return kquant::gemv(fmt, w, x, y);
     }
-    // `Q4_1`'s block sums at the odd lanes of pairs, as `row_scales` converts each block's
+    // `Q4_1`'s block sums at the odd lanes of pairs, as `quad_scales` converts each block's
     // `(d, m)`: one FMA per four blocks makes their offsets.
     let mut sums2 = Vec::new();
     if dtype == DType::Q4_1 {
