@@ -328,31 +328,33 @@ fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
 }
 
 /// `y ← W x̂` for a 32-weight block format, two rows at a time (an odd last row paired
-/// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant
-/// there.
+/// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant there. The
+/// table is taken out of its thread-local and put back rather than borrowed in a
+/// closure: a closure passed to `with_borrow_mut` is one function for every format,
+/// which left `fmt` a run-time value in the block loop (a jump table per block and
+/// spilled activations).
 #[inline(always)]
 fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], x: &Q8Acts, y: &mut [f32]) {
     let rb = w.row_bytes();
-    TABLE.with_borrow_mut(|t| {
-        // `[d_a, k·d_a s, d_a, k·d_a s]` per block, `k` the format's offset factor.
-        let k = fmt.offset();
-        t.clear();
-        t.extend(
-            x.scale_pairs()
-                .chunks_exact(2)
-                .flat_map(|p| [p[0], k * p[1], p[0], k * p[1]]),
-        );
-        let t = t.as_slice();
-        for (r, yr) in w.data().chunks(2 * rb).zip(y.chunks_mut(2)) {
-            let (r0, r1) = if r.len() == 2 * rb {
-                r.split_at(rb)
-            } else {
-                (r, r)
-            };
-            let v = dot2(fmt, [r0, r1], a, t);
-            yr.copy_from_slice(&v[..yr.len()]);
-        }
-    })
+    let mut table = TABLE.take();
+    // `[d_a, k·d_a s, d_a, k·d_a s]` per block, `k` the format's offset factor.
+    let k = fmt.offset();
+    table.clear();
+    table.extend(
+        x.scale_pairs()
+            .chunks_exact(2)
+            .flat_map(|p| [p[0], k * p[1], p[0], k * p[1]]),
+    );
+    for (r, yr) in w.data().chunks(2 * rb).zip(y.chunks_mut(2)) {
+        let (r0, r1) = if r.len() == 2 * rb {
+            r.split_at(rb)
+        } else {
+            (r, r)
+        };
+        let v = dot2(fmt, [r0, r1], a, &table);
+        yr.copy_from_slice(&v[..yr.len()]);
+    }
+    TABLE.set(table);
 }
 
 /// One row of `Q4_K` against `Q8_K` activations (widened: `a`; scales and sums of `x`),

@@ -327,13 +327,16 @@ thread_local! {
 
 /// `y ← W x` for a block format, two rows at a time (an odd last row alone), against
 /// the activations in the GEMV order. Inlined into each of `gemv`'s arms, so `fmt` is a
-/// constant there.
+/// constant there. The buffer is taken out of its thread-local and put back rather than
+/// borrowed in a closure: a closure passed to `with_borrow_mut` is one function for
+/// every format, which left `fmt` a run-time value in the block loop (a branch per
+/// block and spilled registers).
 #[inline(always)]
 fn gemv_blocks(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    TRANSPOSED.with_borrow_mut(|xt| {
-        transpose_blocks(x, xt);
-        gemv_blocks_t(fmt, w, xt, sums, y)
-    })
+    let mut xt = TRANSPOSED.take();
+    transpose_blocks(x, &mut xt);
+    gemv_blocks_t(fmt, w, &xt, sums, y);
+    TRANSPOSED.set(xt);
 }
 
 /// [`gemv_blocks`] on activations already in the GEMV order.
