@@ -61,6 +61,21 @@ impl<'a> HeadRows<'a> {
         }
     }
 
+    /// The rows in place when they are f32 with a contiguous last axis (as the store
+    /// lays them out): the default rows kernels read them without a copy.
+    pub(crate) fn f32_rows(&self) -> Option<impl Iterator<Item = &'a [f32]> + Clone + use<'a>> {
+        match *self {
+            HeadRows::F32(a) if a.ncols() == 0 || a.strides()[1] == 1 => {
+                Some((0..a.nrows()).map(move |t| {
+                    a.index_axis_move(Axis(0), t)
+                        .to_slice()
+                        .expect("the last axis is contiguous (checked)")
+                }))
+            }
+            _ => None,
+        }
+    }
+
     /// Row `t` decoded to f32 into `out` (`[head_dim]`), bit for bit the scalar
     /// reference's decoding (every conversion here is exact but `q8_0`'s one product).
     pub(crate) fn decode_row(&self, t: usize, out: &mut [f32]) {
@@ -199,6 +214,13 @@ pub(crate) trait Kernel: Copy {
         stride: usize,
     ) {
         let hd = keys.head_dim();
+        if let Some(rows) = keys.f32_rows() {
+            for (v, q) in qs.chunks_exact(hd).enumerate() {
+                let dst = &mut out[v * stride..][..keys.len()];
+                self.scores(q, rows.clone(), scale, dst);
+            }
+            return;
+        }
         with_decoded(keys, |rows| {
             for (v, q) in qs.chunks_exact(hd).enumerate() {
                 let dst = &mut out[v * stride..][..keys.len()];
@@ -214,6 +236,13 @@ pub(crate) trait Kernel: Copy {
     /// [`weighted_sum`](Kernel::weighted_sum) per output.
     fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
         let hd = values.head_dim();
+        if let Some(rows) = values.f32_rows() {
+            for (v, o) in outs.chunks_exact_mut(hd).enumerate() {
+                let pv = &p[v * stride..][..values.len()];
+                self.weighted_sum(pv, rows.clone(), o);
+            }
+            return;
+        }
         with_decoded(values, |rows| {
             for (v, o) in outs.chunks_exact_mut(hd).enumerate() {
                 let pv = &p[v * stride..][..values.len()];
