@@ -66,6 +66,13 @@ def args():
     p.add_argument("--screenshot", type=Path, default=ROOT / "docs/web.png")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the reply")
     p.add_argument("--chromedriver", default="/usr/bin/chromedriver")
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help="after the checks, time a long reply (BENCH_PROMPT, up to the page's 256 "
+        "tokens) with each activation type and add it to the JSON line as bench_f32 and "
+        "bench_q8: the chat reply is ~20 tokens, too short to be the decode figure",
+    )
     return p.parse_args()
 
 
@@ -139,6 +146,9 @@ def main():
             fail(driver, f"the page started with {served['activations']} activations, not f32")
         a.screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(a.screenshot))
+        bench = {}
+        if a.bench:
+            bench["bench_f32"] = long_reply(driver, a.timeout)
         # 8-bit activations: the model reloads and answers. Not with the reference's whole
         # continuation: 8-bit activations move the logits by about llama.cpp's own
         # distance from the float64 reference (tests/golden_q8.rs holds them to it, on
@@ -149,6 +159,8 @@ def main():
         q8 = reply_once(driver, user, expected.split()[0], a.timeout, whole=False)
         if q8["activations"] != "q8":
             fail(driver, f"the page runs {q8['activations']} activations after choosing q8")
+        if a.bench:
+            bench["bench_q8"] = long_reply(driver, a.timeout)
         errors = console_errors(driver)
         if errors:
             fail(driver, "console errors:\n  " + "\n  ".join(errors))
@@ -167,6 +179,7 @@ def main():
                     **served,
                     "q8": {k: q8[k] for k in ("reply", "prefill_tok_s", "decode_tok_s")},
                     "picker": {k: picked[k] for k in ("reply", "decode_tok_s", "load_s")},
+                    **bench,
                     "screenshot": str(a.screenshot),
                     "chromium": driver.capabilities.get("browserVersion"),
                 }
@@ -252,6 +265,39 @@ def reply_once(driver, user, expected, timeout, whole=True):
         "tokens": int(el("ntok").text or 0),
         "kv_bytes": int(num("kv", "data-bytes")),
         "reply_s": round(reply_s, 2),
+    }
+
+
+# A request whose reply runs long (a story), for --bench.
+BENCH_PROMPT = "Write a long story about a lighthouse keeper and a storm."
+
+
+def long_reply(driver, timeout):
+    """Sends BENCH_PROMPT on the loaded page (a new conversation) and waits for the reply
+    to end; returns its token count and the speeds the page showed. Fails on an error or
+    a reply of fewer than 64 tokens (too short to time decode)."""
+    el = lambda i: driver.find_element(By.ID, i)  # noqa: E731
+    state = lambda: el("status").get_attribute("data-state")  # noqa: E731
+    el("reset").click()
+    WebDriverWait(driver, timeout).until(lambda d: state() in ("ready", "error"))
+    el("prompt").send_keys(BENCH_PROMPT)
+    el("send").click()
+    try:
+        WebDriverWait(driver, 4 * timeout).until(
+            lambda d: state() == "error" or (state() == "done" and el("prompt").is_enabled())
+        )
+    except TimeoutException:
+        fail(driver, f"the long reply did not end in {4 * timeout:.0f} s: {el('status').text!r}")
+    if state() == "error":
+        fail(driver, f"the page reported an error: {el('status').text!r}")
+    tokens = int(el("ntok").text or 0)
+    if tokens < 64:
+        fail(driver, f"the long reply has {tokens} tokens, too few to time decode")
+    num = lambda i, attr: float(el(i).get_attribute(attr) or 0)  # noqa: E731
+    return {
+        "tokens": tokens,
+        "prefill_tok_s": round(num("prefill", "data-tok-s"), 2),
+        "decode_tok_s": round(num("toks", "data-tok-s"), 2),
     }
 
 
