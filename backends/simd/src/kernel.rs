@@ -204,7 +204,8 @@ pub(crate) trait Kernel: Copy {
     /// their stored type: `out[v · stride + t] ← scale · q_v·k_t` for every row `t` of
     /// `keys` (`qs: [nv, head_dim]`). Each vector's score is computed by the same
     /// operations whatever `nv`, so splitting vectors over calls changes no bits. The
-    /// default decodes the rows and runs [`scores`](Kernel::scores) per vector.
+    /// default runs [`scores`](Kernel::scores) per vector on the rows, f32 ones in place,
+    /// the other types decoded first.
     fn scores_rows(
         self,
         qs: &[f32],
@@ -232,8 +233,8 @@ pub(crate) trait Kernel: Copy {
     /// Weighted sums of rows in their stored type for `nv = outs.len() / head_dim`
     /// outputs: `outs[v] ← outs[v] + Σ_t p[v · stride + t] · v_t` in `t` order over the
     /// rows of `values` (`outs: [nv, head_dim]`), each output's chain the same whatever
-    /// `nv`. The default decodes the rows and runs
-    /// [`weighted_sum`](Kernel::weighted_sum) per output.
+    /// `nv`. The default runs [`weighted_sum`](Kernel::weighted_sum) per output on the
+    /// rows, f32 ones in place, the other types decoded first.
     fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
         let hd = values.head_dim();
         if let Some(rows) = values.f32_rows() {
