@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(rustc-web cargo-web rust-web-src lld-22 llvm-22 wasi-libc python3-venv)
+# rust-web-llvm holds /usr/bin/rust-lld (the wasm linker, a link to lld-22): rustc-web
+# 1.96.0+dfsg1-1~deb12u2 only recommends it, and recommendations are not installed.
+packages=(rustc-web cargo-web rust-web-src rust-web-llvm lld-22 llvm-22 wasi-libc python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
