@@ -1,8 +1,9 @@
 // The page: sends the user's messages to worker.js and renders what it posts back (the
 // reply as it streams, the prefill and decode speeds, the KV cache's size, the status).
 // Element ids are stable (web/tests/page_test.py drives them): #prompt #send #reset
-// #file #acts #output #status #model #prefill #toks #ntok #kv; #prefill and #toks carry the
-// number in data-tok-s, #kv in data-bytes, #status the state in data-state ("loading",
+// #file #acts #output #status #model #module #prefill #toks #ntok #kv; #module names the
+// module the worker compiled in data-name; #prefill and #toks carry the number in
+// data-tok-s, #kv in data-bytes, #status the state in data-state ("loading",
 // "ready", "busy", "done", "error", "nomodel"). #acts chooses f32 or 8-bit activations
 // (its first value from the page's URL, index.html?acts=q8); changing it reloads the
 // model (the conversation starts over).
@@ -10,7 +11,7 @@
 const $ = (id) => document.getElementById(id);
 const ui = {
   prompt: $("prompt"), send: $("send"), reset: $("reset"), file: $("file"), acts: $("acts"), output: $("output"),
-  status: $("status"), model: $("model"), prefill: $("prefill"), toks: $("toks"), ntok: $("ntok"), kv: $("kv"),
+  status: $("status"), model: $("model"), module: $("module"), prefill: $("prefill"), toks: $("toks"), ntok: $("ntok"), kv: $("kv"),
 };
 const MAX_TOKENS = 256;
 if (new URLSearchParams(location.search).get("acts") === "q8") ui.acts.value = "q8";
@@ -80,6 +81,10 @@ worker.onmessage = ({ data: m }) => {
       status("no model.gguf beside the page: open a GGUF file (SmolLM2-135M-Instruct)", "nomodel");
       ui.file.disabled = false;
       ui.acts.disabled = false;
+      break;
+    case "module":
+      ui.module.textContent = m.name === "kvcore_web_relaxed.wasm" ? "SIMD128 + relaxed SIMD" : "SIMD128";
+      ui.module.dataset.name = m.name;
       break;
     case "loaded":
       loaded = true;

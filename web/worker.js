@@ -1,6 +1,8 @@
-// kvcore in a Web Worker: instantiates kvcore_web.wasm (web/src/ffi.rs has its exports
-// and imports), loads a GGUF into it and runs chat replies, posting to the page:
+// kvcore in a Web Worker: instantiates kvcore_web_relaxed.wasm or kvcore_web.wasm (see
+// instantiate; web/src/ffi.rs has their exports and imports), loads a GGUF into it and runs chat replies, posting to the page:
 //   {type: "status", text}                      what is happening
+//   {type: "module", name}                      the module compiled (kvcore_web.wasm or
+//                                               kvcore_web_relaxed.wasm: see instantiate)
 //   {type: "progress", loaded, total}           model bytes read so far
 //   {type: "loaded", name, bytes, ms, acts}     a model is ready
 //   {type: "nomodel"}                           no model.gguf beside the page: pick a file
@@ -53,18 +55,45 @@ const imports = {
   },
 };
 
-async function instantiate() {
-  const url = new URL("kvcore_web.wasm", import.meta.url);
-  try {
-    const { instance } = await WebAssembly.instantiateStreaming(fetch(url), imports);
-    return instance.exports;
-  } catch (e) {
-    // A server that does not send application/wasm: compile from the bytes instead.
-    const res = await fetch(url);
-    if (!res.ok) throw new Error(`cannot fetch ${url}: HTTP ${res.status}`);
-    const { instance } = await WebAssembly.instantiate(await res.arrayBuffer(), imports);
+// A module of one function using i32x4.relaxed_dot_i8x16_i7x16_add_s: it validates where
+// the engine has relaxed SIMD (Chrome 114+; not yet everywhere, and not in Node 20
+// without a flag).
+const RELAXED_PROBE = new Uint8Array([
+  0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 61, 1, 59, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 253, 147, 2, 11,
+]);
+
+// Compiles and instantiates a module beside this script; null if the server has no
+// such file (HTTP 404).
+async function instantiateFile(name) {
+  const url = new URL(name, import.meta.url);
+  const res = await fetch(url);
+  if (res.status === 404) return null;
+  if (!res.ok) throw new Error(`cannot fetch ${url}: HTTP ${res.status}`);
+  if (res.headers.get("Content-Type") === "application/wasm") {
+    const { instance } = await WebAssembly.instantiateStreaming(res, imports);
     return instance.exports;
   }
+  // A server that does not send application/wasm: compile from the bytes instead.
+  const { instance } = await WebAssembly.instantiate(await res.arrayBuffer(), imports);
+  return instance.exports;
+}
+
+// kvcore_web_relaxed.wasm (SIMD128 and relaxed SIMD's integer dot: faster 8-bit
+// activations) where the engine validates relaxed SIMD and the server has the file,
+// else kvcore_web.wasm (SIMD128). Returns [exports, the module's name].
+async function instantiate() {
+  const names = WebAssembly.validate(RELAXED_PROBE)
+    ? ["kvcore_web_relaxed.wasm", "kvcore_web.wasm"]
+    : ["kvcore_web.wasm"];
+  for (const name of names) {
+    post({ type: "status", text: `compiling ${name}…` });
+    const exports = await instantiateFile(name);
+    if (exports) return [exports, name];
+  }
+  throw new Error("no kvcore_web.wasm beside the page (HTTP 404)");
 }
 
 // Copies a stream of `total` bytes (or an unknown size: null) into a kv_alloc buffer,
@@ -188,8 +217,9 @@ self.onmessage = async (ev) => {
 (async () => {
   busy = true;
   try {
-    post({ type: "status", text: "compiling kvcore_web.wasm…" });
-    wasm = await instantiate();
+    let name;
+    [wasm, name] = await instantiate();
+    post({ type: "module", name });
     // A model served beside the page loads by itself; otherwise the page asks for a file.
     const acts = new URL(import.meta.url).searchParams.get("acts") === "q8" ? "q8" : "f32";
     if (!(await loadServed(acts))) post({ type: "nomodel" });

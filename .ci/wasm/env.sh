@@ -1,5 +1,5 @@
 # Source this to build kvcore for wasm32 with Debian's rustc-web (see ../shared/docs and
-# README "Platforms"): `. .ci/wasm/env.sh [simd|nosimd]`, then `wcargo build …`.
+# README "Platforms"): `. .ci/wasm/env.sh [simd|relaxed|nosimd]`, then `wcargo build …`.
 # rustup's toolchain has no wasm32 target here; Debian's rustc 1.96 builds std from
 # rust-web-src with -Z build-std. The target dir depends on the SIMD choice, because a
 # change of flags rebuilds std.
@@ -8,7 +8,10 @@ mode="${1:-simd}"
 case "$mode" in
   simd) feat="-C target-feature=+simd128" ;;
   nosimd) feat="-C target-feature=-simd128" ;;
-  *) echo "env.sh: simd or nosimd, not $mode" >&2; return 2 ;;
+  # SIMD128 and the relaxed-SIMD proposal (Chrome 114+, wasmtime; Node 20 behind
+  # --experimental-wasm-relaxed-simd): the integer dots of the 4- and 5-bit formats.
+  relaxed) feat="-C target-feature=+simd128,+relaxed-simd" ;;
+  *) echo "env.sh: simd, relaxed or nosimd, not $mode" >&2; return 2 ;;
 esac
 [ -f "$W/pthread_stubs.o" ] && [ "$W/pthread_stubs.o" -nt "$W/pthread_stubs.s" ] ||
   /usr/lib/llvm-22/bin/llvm-mc -triple=wasm32-wasi -filetype=obj "$W/pthread_stubs.s" -o "$W/pthread_stubs.o"

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """The web page end to end in headless Chromium (run by .ci/web.sh).
 
-Serves web/index.html, app.js, worker.js, the built kvcore_web.wasm and the SmolLM2
-GGUF (as model.gguf, which the page loads by itself) from a temporary directory on
-127.0.0.1, types the user text of the reference case "chat-hello" into #prompt, clicks
+Serves web/index.html, app.js, worker.js, the built kvcore_web.wasm and
+kvcore_web_relaxed.wasm (which Chromium, having relaxed SIMD, must choose) and the
+SmolLM2 GGUF (as model.gguf, which the page loads by itself) from a temporary directory
+on 127.0.0.1, types the user text of the reference case "chat-hello" into #prompt, clicks
 #send, and waits until #output shows the reference's greedy continuation (computed in
 float64 by an independent implementation: ../shared/reference). Fails if it does not
 appear, if the reply differs from it, or if the browser console has an error. Saves a
 screenshot (docs/web.png), chooses 8-bit activations in #acts (the page reloads the
 model) and checks the reply again (its first word: see main), does it once more (f32)
-on a copy of the page without model.gguf, loading the file through the file picker
-(#file), and prints one JSON line with the speeds the page showed.
+on a copy of the page without model.gguf and without the relaxed module (the worker
+must fall back to kvcore_web.wasm), loading the file through the file picker (#file),
+and prints one JSON line with the speeds the page showed.
 
 Selenium from PyPI (the version .ci/web.sh pins), Debian's chromium and chromedriver.
 """
@@ -44,7 +46,15 @@ def args():
         "--wasm",
         type=Path,
         default=ROOT / "target/wasm-simd/wasm32-unknown-unknown/release/kvcore_web.wasm",
-        help="the built module",
+        help="the built module (SIMD128)",
+    )
+    p.add_argument(
+        "--wasm-relaxed",
+        type=Path,
+        default=ROOT / "target/wasm-relaxed/wasm32-unknown-unknown/release/kvcore_web.wasm",
+        help="the module built with relaxed SIMD too, served as kvcore_web_relaxed.wasm "
+        "beside the page with model.gguf (Chromium takes it); the file-picker copy of the "
+        "page has only --wasm, so the worker falls back to it there",
     )
     p.add_argument(
         "--model",
@@ -118,9 +128,10 @@ def browser(chromedriver):
 
 def main():
     a = args()
-    for f, what in ((a.wasm, "the module (build it: .ci/web.sh)"), (a.model, "the model")):
+    modules = ((a.wasm, "the module"), (a.wasm_relaxed, "the relaxed-SIMD module"))
+    for f, what in (*modules, (a.model, "the model")):
         if not f.is_file():
-            sys.exit(f"page_test: {what} is missing: {f}")
+            sys.exit(f"page_test: {what} is missing: {f} (build it: .ci/web.sh)")
     case = reference_case(a.reference)
     user, expected = case["text"], case["greedy_text"]
     assert case["chat"], "the case is a chat"
@@ -136,12 +147,15 @@ def main():
             for name in ("index.html", "app.js", "worker.js"):
                 shutil.copy(WEB / name, d / name)
             shutil.copy(a.wasm, d / "kvcore_web.wasm")
+        shutil.copy(a.wasm_relaxed, site / "kvcore_web_relaxed.wasm")
         (site / "model.gguf").symlink_to(a.model.resolve())
         server = serve(site)
         base = f"http://127.0.0.1:{server.server_address[1]}"
         driver = browser(a.chromedriver)
 
         served = chat_once(driver, f"{base}/index.html", None, user, expected, a.timeout)
+        if served["module"] != "kvcore_web_relaxed.wasm":
+            fail(driver, f"Chromium has relaxed SIMD, yet the page compiled {served['module']}")
         if served["activations"] != "f32":
             fail(driver, f"the page started with {served['activations']} activations, not f32")
         a.screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -165,9 +179,13 @@ def main():
         if errors:
             fail(driver, "console errors:\n  " + "\n  ".join(errors))
 
-        # The file picker: the worker's fetch of model.gguf is the one expected 404.
+        # The file picker, on the copy without the relaxed-SIMD module: the worker's
+        # fetches of it and of model.gguf are the expected 404s.
         picked = chat_once(driver, f"{base}/picker/index.html", a.model, user, expected, a.timeout)
-        errors = [e for e in console_errors(driver) if "picker/model.gguf" not in e]
+        if picked["module"] != "kvcore_web.wasm":
+            fail(driver, f"without kvcore_web_relaxed.wasm the page compiled {picked['module']}")
+        expected_404 = ("picker/model.gguf", "picker/kvcore_web_relaxed.wasm")
+        errors = [e for e in console_errors(driver) if not any(x in e for x in expected_404)]
         if errors:
             fail(driver, "console errors (file picker):\n  " + "\n  ".join(errors))
 
@@ -178,7 +196,7 @@ def main():
                     "case": CASE,
                     **served,
                     "q8": {k: q8[k] for k in ("reply", "prefill_tok_s", "decode_tok_s")},
-                    "picker": {k: picked[k] for k in ("reply", "decode_tok_s", "load_s")},
+                    "picker": {k: picked[k] for k in ("module", "reply", "decode_tok_s", "load_s")},
                     **bench,
                     "screenshot": str(a.screenshot),
                     "chromium": driver.capabilities.get("browserVersion"),
@@ -258,6 +276,7 @@ def reply_once(driver, user, expected, timeout, whole=True):
         fail(driver, f"the reply {reply!r} is not {what}the reference's {expected!r}")
     num = lambda i, attr: float(el(i).get_attribute(attr) or 0)  # noqa: E731
     return {
+        "module": el("module").get_attribute("data-name"),
         "activations": el("model").get_attribute("data-acts"),
         "reply": reply,
         "prefill_tok_s": round(num("prefill", "data-tok-s"), 2),

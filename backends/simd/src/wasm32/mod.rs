@@ -13,6 +13,13 @@
 //! the scalar path. SIMD128 has no fused multiply-add (the relaxed-SIMD proposal's is
 //! not deterministic across engines) and no 8-bit multiply: products are rounded, then
 //! added, and integer dots widen the bytes to 16 bits (`i32x4_dot_i16x8`).
+//!
+//! Built with `+relaxed-simd` as well (`.ci/wasm/env.sh relaxed`: Chrome 114+ and wasmtime
+//! run it; the web page takes that module where the browser validates it), the 4- and
+//! 5-bit formats' integer dots against 8-bit activations use relaxed SIMD's
+//! `i16x8_relaxed_dot_i8x16_i7x16` (one `pmaddubsw` on x86_64). It is
+//! exact and the same on every engine when its second operand's bytes are below 128,
+//! which weights of 0..32 are (`q8.rs`). Nothing else changes in that build.
 
 mod dot;
 mod kquant;

@@ -31,6 +31,12 @@
 //!     summed in a vector of their own. At the end the lanes are summed and the offsets
 //!     added. Against the reference (each term exact, summed in f64) only the rounding of
 //!     `d_w·d_a`, the multiply-adds and the final sums differ.
+//!   - With relaxed SIMD (`target_feature = "relaxed-simd"`), `Q4_0`, `Q4_1` and `Q5_0`
+//!     skip the widening: `dot2_i7` takes the activation bytes as they are and the
+//!     weights as bytes `0..32`, the relaxed dot's 7-bit operand (exact on every
+//!     engine: see there); the scales and sums as above. `Q8_0`'s weights are signed
+//!     bytes and keep the widened path: moving the sign onto the activations (as x86's
+//!     `vpsignb` does) costs as much as the widening here, and `−128` would wrap.
 //!   - `Q4_K` and `Q6_K` against `Q8_K`, one row at a time, per super-block as on NEON:
 //!     each 32-weight (`Q4_K`) or 16-weight (`Q6_K`) sub-block's integer dot times its
 //!     integer scale accumulated in four i32 lanes (`Q4_K`: at most `8·8·15·127·63 < 2^23`
@@ -272,6 +278,42 @@ impl Legacy {
             }
         }
     }
+
+    /// Block `b`'s 32 weights (without the offset) as two u8 vectors, weights `0..16`
+    /// and `16..32`, each at most 31: the 7-bit operand of the relaxed dot (`Q4_0`,
+    /// `Q4_1`, `Q5_0` only). The high nibbles are shifted in 16-bit lanes and masked
+    /// (SIMD128 has no 8-bit shift; V8 emulates `u8x16_shr` with more operations);
+    /// `Q5_0`'s bit `j` of `qh` is tested in byte lane `j mod 16` of `qh`'s byte
+    /// `j / 8` spread over eight lanes, and OR-ed in as 16.
+    #[cfg(target_feature = "relaxed-simd")]
+    #[inline(always)]
+    fn weights_u7(self, b: &[u8]) -> [v128; 2] {
+        debug_assert!(self != Legacy::Q8_0);
+        let qs = match self {
+            Legacy::Q4_1 => 4,
+            Legacy::Q5_0 => 6,
+            _ => 2,
+        };
+        let p = load_bytes(&b[qs..]);
+        let m = u8x16_splat(15);
+        let mut w = [v128_and(p, m), v128_and(u16x8_shr(p, 4), m)];
+        if self == Legacy::Q5_0 {
+            assert!(b.len() >= 6);
+            // SAFETY: bytes 2..6 are in bounds (asserted); no alignment requirement.
+            let qh = unsafe { v128_load32_splat(b[2..].as_ptr().cast()) };
+            let bit = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+            let sixteen = u8x16_splat(16);
+            let h = [
+                i8x16_shuffle::<0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1>(qh, qh),
+                i8x16_shuffle::<2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3>(qh, qh),
+            ];
+            for (wk, hk) in w.iter_mut().zip(h) {
+                let set = i8x16_eq(v128_and(hk, bit), bit);
+                *wk = v128_or(*wk, v128_and(set, sixteen));
+            }
+        }
+        w
+    }
 }
 
 /// Four f16 scales (bit patterns in u32 lanes) widened to f32: exact for finite values
@@ -327,6 +369,61 @@ fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
     [hsum(acc[0]) + o0, hsum(acc[1]) + o1]
 }
 
+/// `dot2` with the relaxed-SIMD dot (`Q4_0`, `Q4_1`, `Q5_0`): the 8-bit activations `a`
+/// as they are, the weights as bytes (`Legacy::weights_u7`). Each 16-byte half is one
+/// `i16x8_relaxed_dot_i8x16_i7x16` (sums of two products, `|·| ≤ 2·128·31`: no lane
+/// saturates or wraps, so every engine gives the same exact values); the two halves are
+/// added in i16 (`≤ 15 872`) and widened pairwise to i32: lane `i` is weights
+/// `4i..4i+4` and `16+4i..16+4i+4`. The rest as `dot2`.
+///
+/// # Panics
+/// If a row is not `a.len() / 32` blocks or `t` is not 4 values per block.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn dot2_i7(fmt: Legacy, rows: [&[u8]; 2], a: &[i8], t: &[f32]) -> [f32; 2] {
+    let bb = fmt.bytes();
+    let n = a.len() / QK;
+    assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
+    let mut acc = [f32x4_splat(0.0); 2];
+    let mut offsets = f32x4_splat(0.0);
+    let blocks = rows[0]
+        .chunks_exact(bb)
+        .zip(rows[1].chunks_exact(bb))
+        .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
+    for ((b0, b1), (ab, tb)) in blocks {
+        let (a0, a1) = (load_i8(ab), load_i8(&ab[16..]));
+        let f = f32x4_mul(scales_to_f32(fmt.scale_bits2(b0, b1)), load(tb));
+        let dot = |w: [v128; 2]| {
+            let s = i16x8_add(
+                i16x8_relaxed_dot_i8x16_i7x16(a0, w[0]),
+                i16x8_relaxed_dot_i8x16_i7x16(a1, w[1]),
+            );
+            f32x4_convert_i32x4(i32x4_extadd_pairwise_i16x8(s))
+        };
+        let i0 = dot(fmt.weights_u7(b0));
+        let i1 = dot(fmt.weights_u7(b1));
+        acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
+        acc[1] = f32x4_add(acc[1], f32x4_mul(i1, i32x4_shuffle::<2, 2, 2, 2>(f, f)));
+        offsets = f32x4_add(offsets, f);
+    }
+    [
+        hsum(acc[0]) + f32x4_extract_lane::<1>(offsets),
+        hsum(acc[1]) + f32x4_extract_lane::<3>(offsets),
+    ]
+}
+
+/// Sixteen i8 from `a[0..16]`.
+///
+/// # Panics
+/// If `a.len() < 16`.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline]
+fn load_i8(a: &[i8]) -> v128 {
+    assert!(a.len() >= 16);
+    // SAFETY: 16 bytes are in bounds (asserted); `v128_load` has no alignment requirement.
+    unsafe { v128_load(a.as_ptr().cast()) }
+}
+
 /// `y ← W x̂` for a 32-weight block format, two rows at a time (an odd last row paired
 /// with itself). Inlined into each of `gemv`'s arms, so `fmt` is a constant there. The
 /// table is taken out of its thread-local and put back rather than borrowed in a
@@ -334,7 +431,13 @@ fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
 /// which left `fmt` a run-time value in the block loop (a jump table per block and
 /// spilled activations).
 #[inline(always)]
-fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], x: &Q8Acts, y: &mut [f32]) {
+fn gemv_legacy(
+    fmt: Legacy,
+    w: &Weights<'_>,
+    x: &Q8Acts,
+    y: &mut [f32],
+    dot2: impl Fn([&[u8]; 2], &[f32]) -> [f32; 2],
+) {
     let rb = w.row_bytes();
     let mut table = TABLE.take();
     // `[d_a, k·d_a s, d_a, k·d_a s]` per block, `k` the format's offset factor.
@@ -351,7 +454,7 @@ fn gemv_legacy(fmt: Legacy, w: &Weights<'_>, a: &[i16], x: &Q8Acts, y: &mut [f32
         } else {
             (r, r)
         };
-        let v = dot2(fmt, [r0, r1], a, &table);
+        let v = dot2([r0, r1], &table);
         yr.copy_from_slice(&v[..yr.len()]);
     }
     TABLE.set(table);
@@ -482,6 +585,19 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         kvcore::backend::q8::supports(dtype),
         "no q8 GEMV for {dtype}"
     );
+    #[cfg(target_feature = "relaxed-simd")]
+    {
+        // The 4- and 5-bit formats take the relaxed dot on the 8-bit values as they are.
+        // Each arm names its format twice, so it is a constant in the inlined kernel.
+        let a = x.values();
+        use Legacy::{Q4_0, Q4_1, Q5_0};
+        match dtype {
+            DType::Q4_0 => return gemv_legacy(Q4_0, w, x, y, |r, t| dot2_i7(Q4_0, r, a, t)),
+            DType::Q4_1 => return gemv_legacy(Q4_1, w, x, y, |r, t| dot2_i7(Q4_1, r, a, t)),
+            DType::Q5_0 => return gemv_legacy(Q5_0, w, x, y, |r, t| dot2_i7(Q5_0, r, a, t)),
+            _ => {}
+        }
+    }
     WIDE.with_borrow_mut(|a| {
         a.clear();
         a.extend(x.values().iter().map(|&v| i16::from(v)));
@@ -495,10 +611,10 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
             DType::Q6_K => rows()
                 .zip(y.iter_mut())
                 .for_each(|(r, yr)| *yr = dot_q6_k(r, a, x)),
-            DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, a, x, y),
-            DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, a, x, y),
-            DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, a, x, y),
-            _ => gemv_legacy(Legacy::Q8_0, w, a, x, y),
+            DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, x, y, |r, t| dot2(Legacy::Q4_0, r, a, t)),
+            DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, x, y, |r, t| dot2(Legacy::Q4_1, r, a, t)),
+            DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, x, y, |r, t| dot2(Legacy::Q5_0, r, a, t)),
+            _ => gemv_legacy(Legacy::Q8_0, w, x, y, |r, t| dot2(Legacy::Q8_0, r, a, t)),
         }
     })
 }
