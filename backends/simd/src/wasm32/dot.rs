@@ -7,7 +7,8 @@
 //! and then added: every lane accumulates a strided subset of the products, and the
 //! result differs from the scalar left-to-right sum by rounding only — both are within
 //! `γ_(n+1)·Σ|a_j b_j|` of the exact value (one more rounding per term than with FMA,
-//! inside the `+ 2` of the tolerance in `tests/simd_paths.rs`). The element-wise kernels
+//! inside the `+ 2` of the tolerance in `tests/simd_paths.rs`; with relaxed SIMD,
+//! [`mul_add`] may be fused, see `mod.rs`). The element-wise kernels
 //! (`scale_mul`, `add`) round exactly as the scalar code.
 //!
 //! [`softmax`], [`swiglu`] and [`geglu`] are the AVX2 and NEON kernels' algorithms four
@@ -51,9 +52,18 @@ pub(super) fn hsum(v: v128) -> f32 {
 }
 
 /// `acc + a·b`, rounded twice (SIMD128 has no fused multiply-add).
+#[cfg(not(target_feature = "relaxed-simd"))]
 #[inline]
 pub(super) fn mul_add(acc: v128, a: v128, b: v128) -> v128 {
     f32x4_add(acc, f32x4_mul(a, b))
+}
+
+/// `acc + a·b`, rounded once or twice as the engine chooses (relaxed SIMD's
+/// `f32x4.relaxed_madd`: one FMA on a CPU that has it).
+#[cfg(target_feature = "relaxed-simd")]
+#[inline]
+pub(super) fn mul_add(acc: v128, a: v128, b: v128) -> v128 {
+    f32x4_relaxed_madd(a, b, acc)
 }
 
 /// `Σ_j a_j·b_j` (see the module docs for the order).

@@ -15,11 +15,18 @@
 //! added, and integer dots widen the bytes to 16 bits (`i32x4_dot_i16x8`).
 //!
 //! Built with `+relaxed-simd` as well (`.ci/wasm/env.sh relaxed`: Chrome 114+ and wasmtime
-//! run it; the web page takes that module where the browser validates it), the 4- and
-//! 5-bit formats' integer dots against 8-bit activations use relaxed SIMD's
-//! `i16x8_relaxed_dot_i8x16_i7x16` (one `pmaddubsw` on x86_64). It is
-//! exact and the same on every engine when its second operand's bytes are below 128,
-//! which weights of 0..32 are (`q8.rs`). Nothing else changes in that build.
+//! run it; the web page takes that module where the browser validates it), two things
+//! change:
+//! - the 4- and 5-bit formats' integer dots against 8-bit activations use
+//!   `i16x8_relaxed_dot_i8x16_i7x16` (one `pmaddubsw` on x86_64). It is exact and the
+//!   same on every engine when its second operand's bytes are below 128, which weights
+//!   of `0..32` are (`q8.rs`);
+//! - `dot::mul_add` is `f32x4_relaxed_madd`: one FMA where the engine and CPU have it
+//!   (V8 and wasmtime on x86_64 with FMA3), else a multiply and an add. The f32 results
+//!   of that build may then differ between engines by rounding, within the tolerances
+//!   the tests hold every backend to (the FMA paths of x86_64 and aarch64 meet them);
+//!   an engine makes one choice, so within a run they are deterministic, as the rayon
+//!   backend's bitwise equality with its inner backend requires.
 
 mod dot;
 mod kquant;

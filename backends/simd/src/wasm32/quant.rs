@@ -24,7 +24,8 @@
 //! multiply-adds each, then an add), and `acc_{b mod 2} ← acc_{b mod 2} + d·t` (two
 //! accumulators, so consecutive blocks do not wait on each other); at the end the
 //! accumulators and lanes are summed. SIMD128 has no fused multiply-add: every product is rounded, then added (one
-//! rounding more per term than the FMA paths, inside the `+ 2` of the tolerance). `Q4_1`
+//! rounding more per term than the FMA paths, inside the `+ 2` of the tolerance; the
+//! relaxed-SIMD build may fuse them, see `mod.rs`). `Q4_1`
 //! uses `Σ_j (d·q_j + m)·x_j = d·Σ_j q_j x_j + m·Σ_j x_j` with the per-block `Σ x_j`
 //! precomputed once per call, adding `m·Σx` in a scalar accumulator. Compared with the
 //! scalar reference only the rounding differs (order of the sum, `Q4_1`'s factored form:
