@@ -35,8 +35,9 @@
 //!     skip the widening: `dot2_i7` takes the activation bytes as they are and the
 //!     weights as bytes `0..32`, the relaxed dot's 7-bit operand (exact on every
 //!     engine: see there); the scales and sums as above. `Q8_0`'s weights are signed
-//!     bytes and keep the widened path: moving the sign onto the activations (as x86's
-//!     `vpsignb` does) costs as much as the widening here, and `−128` would wrap.
+//!     bytes, which cannot be that operand: it keeps the widened path (the activations
+//!     split by sign, `a⁺ − a⁻`, two relaxed dots per 16 weights, measured no faster:
+//!     BENCHMARKS.md).
 //!   - `Q4_K` and `Q6_K` against `Q8_K`, one row at a time, per super-block as on NEON:
 //!     each 32-weight (`Q4_K`) or 16-weight (`Q6_K`) sub-block's integer dot times its
 //!     integer scale accumulated in four i32 lanes (`Q4_K`: at most `8·8·15·127·63 < 2^23`
