@@ -207,17 +207,24 @@ macro_rules! bitwise_suite {
 
                 /// Prefill chunks over rows of every KV type: `Rayon` splits the query
                 /// rows, so the inner backend sees tiles of other sizes (its weighted
-                /// sums of more than 8 outputs convert the rows once for all passes).
+                /// sums of more than 8 outputs convert the rows once for all passes; a
+                /// call of more than one tile stages each part's rows as f32, a piece of
+                /// fewer rows reads them in place), the rows cut into segments, causal
+                /// or windowed.
                 #[test]
                 fn attention_prefill_kv_types(
                     head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 0usize..300, n_new in 8usize..30,
+                    group in 1usize..4, pos0 in 0usize..600, n_new in 8usize..40,
+                    cuts in prop::collection::vec(0usize..600, 0..3),
                     k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
                     v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    seed in any::<u64>()
+                    window in prop::option::of(1usize..400), seed in any::<u64>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let case = Attention::new(shape, n_new, 0, seed).with_kv_types((k, v));
+                    let case = Attention::new(shape, n_new, 0, seed)
+                        .with_cuts(&cuts)
+                        .with_kv_types((k, v))
+                        .with_window(window);
                     same_bits(&*INNER, &POOLS, &case);
                 }
 

@@ -41,6 +41,19 @@ impl<'a> HeadRows<'a> {
         })
     }
 
+    /// The same rows for a shorter lifetime (the enum is invariant over it).
+    pub(crate) fn reborrow<'b>(self) -> HeadRows<'b>
+    where
+        'a: 'b,
+    {
+        match self {
+            HeadRows::F32(a) => HeadRows::F32(a.reborrow()),
+            HeadRows::F16(a) => HeadRows::F16(a.reborrow()),
+            HeadRows::BF16(a) => HeadRows::BF16(a.reborrow()),
+            HeadRows::Q8_0(a) => HeadRows::Q8_0(a.reborrow()),
+        }
+    }
+
     /// Rows held.
     pub(crate) fn len(&self) -> usize {
         match self {
@@ -250,6 +263,23 @@ pub(crate) trait Kernel: Copy {
                 self.weighted_sum(pv, rows.chunks_exact(hd), o);
             }
         })
+    }
+
+    /// `rows` decoded to f32 into `out` (`[len, head_dim]`), bit for bit
+    /// [`HeadRows::decode_row`] (the scalar reference's decoding): what a prefill stages
+    /// once per part for all its tiles. The default decodes row by row.
+    fn decode_rows(self, rows: HeadRows<'_>, out: &mut [f32]) {
+        let hd = rows.head_dim();
+        for (t, o) in out.chunks_exact_mut(hd.max(1)).enumerate().take(rows.len()) {
+            rows.decode_row(t, o);
+        }
+    }
+
+    /// `o ← H o / n`, a rotated `q8_0` head's query or output rotated back
+    /// (`kvcore_scalar::unrotate`, whose bits every family's must equal). The default is
+    /// that one.
+    fn unrotate(self, o: &mut [f32]) {
+        kvcore_scalar::unrotate(o);
     }
 
     /// The unnormalised softmax of one row in place: `x ← e^(x − max)`, returning the

@@ -296,7 +296,7 @@ impl Backend for Simd {
         check::attention_part(&q, q_pos, kv, &out, stats)?;
         dispatch!(
             self,
-            k => ops::attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats)?,
+            k => ops::attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats, false)?,
             scalar => Scalar.attention_part(q, q_pos, kv, params, out, stats)?
         );
         Ok(())

@@ -18,7 +18,10 @@
 //!   the heads of a KV group are scored against blocks of [`ATTN_BLOCK`] key rows read in
 //!   their stored type (`K::scores_rows`: each row loaded and converted once for the whole
 //!   tile), exponentiated with the family's `exp` (`K::exp_sum`), and the value rows added
-//!   into every vector of the tile the same way (`K::weighted_rows`).
+//!   into every vector of the tile the same way (`K::weighted_rows`). A call of more
+//!   than one tile (a prefill) first decodes the part's f16, bf16 or q8_0 rows of a KV
+//!   head to f32 (`K::decode_rows`, the reference's values), so each row is converted
+//!   once per part instead of once per tile.
 //! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
 //!   products.
 //!
@@ -32,7 +35,7 @@ use kvcore::backend::{
     AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
 };
 use kvcore::kv::{KvRows, KvView};
-use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis, s};
+use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 ×
@@ -237,6 +240,11 @@ pub(crate) const ATTN_PART: usize = 256;
 /// is its one row whatever this is.
 const TILE_VECS: usize = 24;
 
+/// Slots of one KV head a prefill's [`attention_part`] stages as f32 at most: a part of
+/// [`ATTN_PART`] (64 KiB of keys and as much of values at SmolLM2's heads of 64, 512 KiB
+/// together at Gemma 3's 256).
+const STAGE_MAX: usize = ATTN_PART;
+
 thread_local! {
     /// The decoded weight panel of [`gemm`], reused by every call on this thread (up to
     /// [`SGEMM_PANEL_BYTES`]: allocated afresh, it was faulted in page by page per call).
@@ -264,6 +272,12 @@ struct PartScratch {
     vis: Vec<Range<usize>>,
     /// Each segment's union of the tile's visible slots, and its offset in `stride`.
     union: Vec<(Range<usize>, usize)>,
+    /// One KV head's key (value) rows of the part decoded to f32, `[slots, head_dim]`,
+    /// when staged.
+    k_stage: Vec<f32>,
+    v_stage: Vec<f32>,
+    /// Each segment's first slot in the part and its first row in the stages.
+    staged: Vec<(usize, usize)>,
 }
 
 impl PartScratch {
@@ -275,6 +289,9 @@ impl PartScratch {
             stats: Vec::new(),
             vis: Vec::new(),
             union: Vec::new(),
+            k_stage: Vec::new(),
+            v_stage: Vec::new(),
+            staged: Vec::new(),
         }
     }
 }
@@ -283,6 +300,8 @@ impl PartScratch {
 struct FoldScratch {
     /// The running states, `[n · n_heads]`.
     stats: Vec<PartStat>,
+    /// The queries rotated for `q8_0` keys, `[n, n_heads, head_dim]`.
+    q: Vec<f32>,
     /// One part's outputs `[n, n_heads, head_dim]` and states.
     part: Vec<f32>,
     part_stats: Vec<PartStat>,
@@ -292,6 +311,7 @@ impl FoldScratch {
     const fn new() -> Self {
         FoldScratch {
             stats: Vec::new(),
+            q: Vec::new(),
             part: Vec::new(),
             part_stats: Vec::new(),
         }
@@ -301,6 +321,24 @@ impl FoldScratch {
 /// KV head `kvh` of `rows` at `slots`, in place.
 fn head_rows(rows: KvRows<'_>, slots: Range<usize>, kvh: usize) -> HeadRows<'_> {
     HeadRows::of(rows, slots, kvh).expect("element types checked by attention_part")
+}
+
+/// KV head `kvh` of a segment's `rows` at `slots`: in place, or from its `stage` — the
+/// f32 rows of the segment's slots from `lo` at row `at` of the stage's `[_, head_dim]`.
+fn rows_at<'a: 's, 's>(
+    rows: KvRows<'a>,
+    stage: Option<(&'s [f32], (usize, usize))>,
+    slots: Range<usize>,
+    kvh: usize,
+) -> HeadRows<'s> {
+    let Some((stage, (lo, at))) = stage else {
+        return head_rows(rows, slots, kvh).reborrow();
+    };
+    let hd = HeadRows::of(rows, 0..0, kvh)
+        .expect("element types checked by attention_part")
+        .head_dim();
+    let f = &stage[(at + slots.start - lo) * hd..(at + slots.end - lo) * hd];
+    HeadRows::F32(ArrayView2::from_shape((slots.len(), hd), f).expect("rows × head_dim"))
 }
 
 /// One layer's attention (shapes checked by the caller): [`attention_part`] over the
@@ -333,16 +371,31 @@ pub(crate) fn attention<K: Kernel>(
                 params,
                 out.view_mut(),
                 &mut f.stats,
+                false,
             )?;
         } else {
             f.part.resize(n * n_heads * hd, 0.0);
             f.part_stats.resize(n * n_heads, PartStat::EMPTY);
+            // Queries against rotated (q8_0) keys are rotated once here for every part
+            // (the same values each part would compute).
+            let k_rot = kvcore_scalar::rotations(kv).0;
+            if k_rot {
+                f.q.clear();
+                f.q.extend(q.iter());
+                f.q.chunks_exact_mut(hd).for_each(|h| k.unrotate(h));
+            }
+            let q = if k_rot {
+                ArrayView3::from_shape((n, n_heads, hd), &f.q[..])
+                    .expect("the fold scratch holds n · n_heads · head_dim")
+            } else {
+                q.view()
+            };
             for p0 in (first..span.end).step_by(ATTN_PART) {
                 let part = p0..p0 + ATTN_PART;
                 let mut po = ArrayViewMut3::from_shape((n, n_heads, hd), &mut f.part[..])
                     .expect("the fold scratch holds n · n_heads · head_dim");
                 let (po, ps) = (po.view_mut(), &mut f.part_stats);
-                attention_part(k, q, q_pos, kv, part, params, po, ps)?;
+                attention_part(k, q, q_pos, kv, part, params, po, ps, k_rot)?;
                 // The output rows `[i, h, ..]` in `idx = i · n_heads + h` order.
                 let rows = (f.stats.iter_mut().zip(&f.part_stats))
                     .zip(f.part.chunks_exact(hd))
@@ -377,10 +430,17 @@ pub(crate) fn attention<K: Kernel>(
 /// sees, each row read once for all vectors, in its stored type), each vector's own
 /// visible scores exponentiated and summed (`K::exp_sum`), and the value rows added block
 /// by block into every vector of a run of rows that sees the same slots of the block
-/// (`K::weighted_rows`). Each vector's numbers come from the same operations in the same
-/// order whatever the tile, the group, the blocking or a split of rows and heads, so
-/// `Rayon` splitting a call stays bitwise equal.
-#[allow(clippy::too_many_arguments)] // the trait method's operands and the part
+/// (`K::weighted_rows`). With more than one tile, each KV head's f16, bf16 or q8_0 rows
+/// of the part are first decoded to f32 (`K::decode_rows`) and every tile reads those:
+/// the values the kernels would convert in registers, so the same bits, at one
+/// conversion per row and part instead of one per tile (q8_0 KV prefill at 4096
+/// tokens: BENCHMARKS.md). Each vector's numbers come from the same operations in the
+/// same order whatever the tile, the group, the blocking, the staging or a split of
+/// rows and heads, so `Rayon` splitting a call stays bitwise equal.
+///
+/// `q_rotated`: the queries are already rotated for `q8_0` keys ([`attention`] rotates
+/// them once for all its parts); else a tile rotates its own (`K::unrotate`).
+#[allow(clippy::too_many_arguments)] // the trait method's operands, the part, the flag
 pub(crate) fn attention_part<K: Kernel>(
     k: K,
     q: ArrayView3<'_, f32>,
@@ -390,6 +450,7 @@ pub(crate) fn attention_part<K: Kernel>(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
     stats: &mut [PartStat],
+    q_rotated: bool,
 ) -> Result<(), ShapeError> {
     // Every segment of a view has the same element types (`KvView::new`): the first
     // one answers for all. Only the segments holding some of the part's positions take
@@ -422,46 +483,81 @@ pub(crate) fn attention_part<K: Kernel>(
         );
         if lo < hi { lo..hi } else { 0..0 }
     };
+    // A prefill (more than one tile) decodes the part's f16, bf16 or q8_0 rows of a KV
+    // head to f32 once for all its tiles (each tile would convert them again); a decode
+    // step's one tile reads them in place. Up to `STAGE_MAX` slots: a direct
+    // `attention_part` call over a long view reads in place.
+    let staged = |rows: KvRows<'_>| {
+        let slots: usize = segs.iter().map(|seg| clip(0..seg.len(), seg).len()).sum();
+        n > tile && !matches!(rows, KvRows::F32(_)) && slots <= STAGE_MAX
+    };
+    let (k_staged, v_staged) = match segs.first() {
+        Some(seg) => (staged(seg.keys()), staged(seg.values())),
+        None => (false, false),
+    };
     PART.with_borrow_mut(|sc| {
-        for i0 in (0..n).step_by(tile) {
-            let rows = i0..(i0 + tile).min(n);
-            let (nr, nseg) = (rows.len(), segs.len());
-            sc.vis.clear();
-            for &pos in &q_pos[rows.clone()] {
-                sc.vis.extend(
-                    segs.iter()
-                        .map(|seg| clip(seg.visible(pos, params.mask), seg)),
-                );
+        for kvh in 0..kv.n_kv_heads() {
+            // Each segment's slots in the part and their first row in the stages.
+            sc.staged.clear();
+            let mut at = 0;
+            for seg in segs {
+                let c = clip(0..seg.len(), seg);
+                sc.staged.push((c.start, at));
+                at += c.len();
             }
-            sc.union.clear();
-            let mut stride = 0;
-            for s in 0..nseg {
-                let seen = (0..nr)
-                    .map(|r| sc.vis[r * nseg + s].clone())
-                    .filter(|v| !v.is_empty());
-                let u = seen
-                    .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
-                    .unwrap_or(0..0);
-                sc.union.push((u.clone(), stride));
-                stride += u.len();
-            }
-            // Each row's visible slots, contiguous in the concatenated unions (a row sees
-            // one range of positions, and positions ascend across segments).
-            let flat = |vis: &[Range<usize>], union: &[(Range<usize>, usize)], r: usize| {
-                let mut span: Option<Range<usize>> = None;
-                for s in 0..nseg {
-                    let v = &vis[r * nseg + s];
-                    if v.is_empty() {
-                        continue;
-                    }
-                    let (u, off) = &union[s];
-                    let (a, b) = (off + v.start - u.start, off + v.end - u.start);
-                    span = Some(span.map_or(a..b, |sp| sp.start..b));
+            for (on, stage, pick) in [
+                (k_staged, &mut sc.k_stage, 0),
+                (v_staged, &mut sc.v_stage, 1),
+            ] {
+                if !on {
+                    continue;
                 }
-                span.unwrap_or(0..0)
-            };
-            let nv = nr * group;
-            for kvh in 0..kv.n_kv_heads() {
+                stage.resize(at * hd, 0.0);
+                for (seg, &(lo, row)) in segs.iter().zip(&sc.staged) {
+                    let c = clip(0..seg.len(), seg);
+                    let rows = if pick == 0 { seg.keys() } else { seg.values() };
+                    let dst = &mut stage[row * hd..(row + c.len()) * hd];
+                    k.decode_rows(head_rows(rows, lo..c.end, kvh), dst);
+                }
+            }
+            for i0 in (0..n).step_by(tile) {
+                let rows = i0..(i0 + tile).min(n);
+                let (nr, nseg) = (rows.len(), segs.len());
+                sc.vis.clear();
+                for &pos in &q_pos[rows.clone()] {
+                    sc.vis.extend(
+                        segs.iter()
+                            .map(|seg| clip(seg.visible(pos, params.mask), seg)),
+                    );
+                }
+                sc.union.clear();
+                let mut stride = 0;
+                for s in 0..nseg {
+                    let seen = (0..nr)
+                        .map(|r| sc.vis[r * nseg + s].clone())
+                        .filter(|v| !v.is_empty());
+                    let u = seen
+                        .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
+                        .unwrap_or(0..0);
+                    sc.union.push((u.clone(), stride));
+                    stride += u.len();
+                }
+                // Each row's visible slots, contiguous in the concatenated unions (a row
+                // sees one range of positions, and positions ascend across segments).
+                let flat = |vis: &[Range<usize>], union: &[(Range<usize>, usize)], r: usize| {
+                    let mut span: Option<Range<usize>> = None;
+                    for s in 0..nseg {
+                        let v = &vis[r * nseg + s];
+                        if v.is_empty() {
+                            continue;
+                        }
+                        let (u, off) = &union[s];
+                        let (a, b) = (off + v.start - u.start, off + v.end - u.start);
+                        span = Some(span.map_or(a..b, |sp| sp.start..b));
+                    }
+                    span.unwrap_or(0..0)
+                };
+                let nv = nr * group;
                 let heads = kvh * group..(kvh + 1) * group;
                 sc.q.clear();
                 for i in rows.clone() {
@@ -472,8 +568,8 @@ pub(crate) fn attention_part<K: Kernel>(
                             .as_slice()
                             .expect("the last axis is contiguous (checked)");
                         sc.q.extend_from_slice(qv);
-                        if k_rot {
-                            kvcore_scalar::unrotate(&mut sc.q[at..]);
+                        if k_rot && !q_rotated {
+                            k.unrotate(&mut sc.q[at..]);
                         }
                     }
                 }
@@ -482,7 +578,8 @@ pub(crate) fn attention_part<K: Kernel>(
                     let (u, off) = sc.union[s].clone();
                     for b0 in u.clone().step_by(ATTN_BLOCK) {
                         let b1 = (b0 + ATTN_BLOCK).min(u.end);
-                        let keys = head_rows(seg.keys(), b0..b1, kvh);
+                        let stage = k_staged.then(|| (&sc.k_stage[..], sc.staged[s]));
+                        let keys = rows_at(seg.keys(), stage, b0..b1, kvh);
                         let dst = &mut sc.scores[off + (b0 - u.start)..];
                         k.scores_rows(&sc.q, keys, params.scale, dst, stride);
                     }
@@ -512,7 +609,8 @@ pub(crate) fn attention_part<K: Kernel>(
                                 r1 += 1;
                             }
                             if !c.is_empty() {
-                                let values = head_rows(seg.values(), c.clone(), kvh);
+                                let stage = v_staged.then(|| (&sc.v_stage[..], sc.staged[s]));
+                                let values = rows_at(seg.values(), stage, c.clone(), kvh);
                                 let p =
                                     &sc.scores[r0 * group * stride + off + (c.start - u.start)..];
                                 let outs = &mut sc.acc[r0 * group * hd..r1 * group * hd];
@@ -525,7 +623,7 @@ pub(crate) fn attention_part<K: Kernel>(
                 for v in 0..nv {
                     let acc = &mut sc.acc[v * hd..(v + 1) * hd];
                     if v_rot {
-                        kvcore_scalar::unrotate(acc);
+                        k.unrotate(acc);
                     }
                     let (i, h) = (rows.start + v / group, kvh * group + v % group);
                     let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);

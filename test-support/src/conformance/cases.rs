@@ -376,6 +376,27 @@ impl Attention {
         KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending")
     }
 
+    /// [`Case::run`]'s output computed one query row per `attention` call: what a
+    /// backend must give bit for bit whatever the number of rows a call holds (`Simd`
+    /// stages a part's rows as f32 for a call of several tiles, reads them in place for
+    /// one row).
+    pub fn run_by_rows<B: Backend>(&self, b: &B) -> Vec<f32> {
+        let s = self.shape;
+        let (keys, values) = self.arrays();
+        let view = self.view(&keys, &values);
+        let q_pos = self.q_pos();
+        let row = s.n_heads * s.head_dim;
+        let mut all = Vec::with_capacity(self.q.len());
+        for (i, q) in self.q.chunks_exact(row.max(1)).enumerate() {
+            let q = Array3::from_shape_vec((1, s.n_heads, s.head_dim), q.to_vec()).expect("q row");
+            let mut out = Array3::from_elem((1, s.n_heads, s.head_dim), f32::NAN);
+            b.attention(q.view(), &q_pos[i..=i], &view, &self.params, out.view_mut())
+                .expect("attention shapes");
+            all.extend(out.iter());
+        }
+        all
+    }
+
     /// The keys and values as stored, `[n_keys, n_kv_heads, head_dim]` in their types.
     pub fn arrays(&self) -> (Encoded, Encoded) {
         let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);

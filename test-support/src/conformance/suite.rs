@@ -361,11 +361,13 @@ macro_rules! conformance_suite {
 
                 /// Deep caches, where attention runs in parts of the keys (`Simd` folds
                 /// parts of 256 positions): causal and windowed, every KV type, the
-                /// rows cut into segments, a decode step or a few prefill rows.
+                /// rows cut into segments, a decode step, a few prefill rows, or more
+                /// rows than one of `Simd`'s tiles (which stages a part's rows as f32).
                 #[test]
                 fn attention_at_depth(
                     head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 200usize..1100, n_new in 1usize..4,
+                    group in 1usize..4, pos0 in 200usize..1100,
+                    n_new in prop_oneof![1usize..4, 9usize..12, 25usize..30],
                     cuts in prop::collection::vec(0usize..1200, 0..3),
                     k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
                     v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
@@ -377,6 +379,27 @@ macro_rules! conformance_suite {
                         .with_kv_types((k, v))
                         .with_window(window);
                     conforms(b(), &case)?;
+                }
+
+                /// How many query rows a call holds never changes the bits: a prefill
+                /// of several tiles (which `Simd` serves from the part's rows staged as
+                /// f32) equals its rows computed one at a time (rows read in place),
+                /// every KV type, at depth, cut into segments, causal or windowed.
+                #[test]
+                fn attention_rows_do_not_change_bits(
+                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
+                    group in 1usize..4, pos0 in 0usize..700, n_new in 9usize..40,
+                    cuts in prop::collection::vec(0usize..700, 0..3),
+                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
+                    window in prop::option::of(1usize..400), seed in any::<u64>()
+                ) {
+                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
+                    let case = Attention::new(shape, n_new, 1, seed)
+                        .with_cuts(&cuts)
+                        .with_kv_types((k, v))
+                        .with_window(window);
+                    prop_assert_eq!(bits(&case.run(b())), bits(&case.run_by_rows(b())), "{}", case.label());
                 }
 
                 /// How a store cuts its rows into segments never changes the bits.

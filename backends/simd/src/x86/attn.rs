@@ -547,6 +547,18 @@ fn weighted_pass<R: Rows>(p: &[f32], stride: usize, r: R, o: &mut [f32]) {
     })
 }
 
+/// `out ← rows` as f32 (`[rows, head_dim]`): the values the kernels read them as, which
+/// are the reference's decoding (see the module docs).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn decode(rows: HeadRows<'_>, out: &mut [f32]) {
+    let (n, hd) = (rows.len(), rows.head_dim());
+    assert!(out.len() >= n * hd, "decoded rows");
+    if hd == 0 || n == 0 {
+        return;
+    }
+    per_type!(rows, r => convert(r, out));
+}
+
 /// `out ← rows` as f32 (`[rows, head_dim]`), through the same `load8` (and `get` for a
 /// `head_dim mod 8` tail) the kernels read them with.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -561,6 +573,114 @@ fn convert<R: Rows>(rows: R, out: &mut [f32]) {
         }
         for (jj, x) in o.iter_mut().enumerate().skip(j) {
             *x = rows.get(t, jj);
+        }
+    }
+}
+
+/// The Walsh–Hadamard stages within 8 values (`h` = 1, 2, 4) of one register, each
+/// lane the one sum `x_i + x_{i+h}` (lower lane of its pair) or difference `x_i −
+/// x_{i+h}` (upper lane) of `kvcore::kv::hadamard`, operands in its order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hadamard8(v: __m256) -> __m256 {
+    // Pairs 1 apart: partner lanes [1, 0, 3, 2, …].
+    let s = _mm256_permute_ps::<0b10_11_00_01>(v);
+    let v = _mm256_blend_ps::<0b1010_1010>(_mm256_add_ps(v, s), _mm256_sub_ps(s, v));
+    // 2 apart: [2, 3, 0, 1, …].
+    let s = _mm256_permute_ps::<0b01_00_11_10>(v);
+    let v = _mm256_blend_ps::<0b1100_1100>(_mm256_add_ps(v, s), _mm256_sub_ps(s, v));
+    // 4 apart: the two halves swapped.
+    let s = _mm256_permute2f128_ps::<0x01>(v, v);
+    _mm256_blend_ps::<0b1111_0000>(_mm256_add_ps(v, s), _mm256_sub_ps(s, v))
+}
+
+/// `o ← H o / n` per run of `n = rotation_len(o.len())` values: `kvcore_scalar::unrotate`
+/// bit for bit (the same butterflies — every value the one sum or difference of its pair,
+/// operands in the same order — then the exact product by `1/n`), a run held in
+/// registers. Runs of fewer than 8 or more than 256 values take the scalar one.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn unrotate(o: &mut [f32]) {
+    match kvcore::kv::rotation_len(o.len()) {
+        8 => unrotate_n::<1>(o),
+        16 => unrotate_n::<2>(o),
+        32 => unrotate_n::<4>(o),
+        64 => unrotate_n::<8>(o),
+        128 => unrotate_n::<16>(o),
+        256 => unrotate_n::<32>(o),
+        _ => kvcore_scalar::unrotate(o),
+    }
+}
+
+/// [`unrotate`] for runs of `8·M` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unrotate_n<const M: usize>(o: &mut [f32]) {
+    let inv = _mm256_set1_ps(1.0 / (8 * M) as f32);
+    for run in o.chunks_exact_mut(8 * M) {
+        let mut r = [_mm256_setzero_ps(); M];
+        for (i, x) in r.iter_mut().enumerate() {
+            *x = hadamard8(load(&run[8 * i..]));
+        }
+        let mut h = 1;
+        while h < M {
+            for pair in r.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, b) in lo.iter_mut().zip(hi) {
+                    (*a, *b) = (_mm256_add_ps(*a, *b), _mm256_sub_ps(*a, *b));
+                }
+            }
+            h *= 2;
+        }
+        for (i, x) in r.iter().enumerate() {
+            store(&mut run[8 * i..], _mm256_mul_ps(*x, inv));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 rotation equals the scalar one bit for bit, on values that make exact
+    /// zeros (a difference of equal values: `+0`, whose negation would be `−0`), signed
+    /// zeros, infinities and ordinary numbers, for every run length it takes and a
+    /// few it hands to the scalar one.
+    #[test]
+    fn unrotate_matches_scalar_bits() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("no AVX2+FMA+F16C: nothing to compare (the Scalar path runs instead)");
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [4, 8, 16, 24, 32, 64, 96, 128, 192, 256, 512] {
+            for round in 0..200 {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| match (next() % 8, round % 3) {
+                        // Every third round only ±0 and ±1.5: sums of zeros, whose
+                        // signs depend on each operand's order.
+                        (r, 1) => [0.0, -0.0, 1.5, -1.5][r as usize % 4],
+                        (0, _) => 1.5,
+                        (1, _) => -0.0,
+                        (2, 0) => f32::INFINITY,
+                        _ => ((next() % 2001) as f32 - 1000.0) / 7.0,
+                    })
+                    .collect();
+                let (mut a, mut b) = (x.clone(), x);
+                kvcore_scalar::unrotate(&mut a);
+                // SAFETY: features detected above.
+                unsafe { unrotate(&mut b) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "len {len} round {round}");
+            }
         }
     }
 }

@@ -121,6 +121,16 @@ impl Kernel for Avx2 {
         unsafe { attn::weighted(p, stride, values, outs) }
     }
 
+    fn decode_rows(self, rows: HeadRows<'_>, out: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { attn::decode(rows, out) }
+    }
+
+    fn unrotate(self, o: &mut [f32]) {
+        // SAFETY: features detected (see above).
+        unsafe { attn::unrotate(o) }
+    }
+
     fn exp_sum(self, x: &mut [f32]) -> PartStat {
         // SAFETY: features detected (see above).
         unsafe { dot::exp_sum(x) }
