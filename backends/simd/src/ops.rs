@@ -324,19 +324,17 @@ fn head_rows(rows: KvRows<'_>, slots: Range<usize>, kvh: usize) -> HeadRows<'_> 
 }
 
 /// KV head `kvh` of a segment's `rows` at `slots`: in place, or from its `stage` — the
-/// f32 rows of the segment's slots from `lo` at row `at` of the stage's `[_, head_dim]`.
+/// f32 rows of the segment's slots from `lo` at row `at` of the stage's `[_, hd]`.
 fn rows_at<'a: 's, 's>(
     rows: KvRows<'a>,
     stage: Option<(&'s [f32], (usize, usize))>,
     slots: Range<usize>,
     kvh: usize,
+    hd: usize,
 ) -> HeadRows<'s> {
     let Some((stage, (lo, at))) = stage else {
         return head_rows(rows, slots, kvh).reborrow();
     };
-    let hd = HeadRows::of(rows, 0..0, kvh)
-        .expect("element types checked by attention_part")
-        .head_dim();
     let f = &stage[(at + slots.start - lo) * hd..(at + slots.end - lo) * hd];
     HeadRows::F32(ArrayView2::from_shape((slots.len(), hd), f).expect("rows × head_dim"))
 }
@@ -487,24 +485,22 @@ pub(crate) fn attention_part<K: Kernel>(
     // head to f32 once for all its tiles (each tile would convert them again); a decode
     // step's one tile reads them in place. Up to `STAGE_MAX` slots: a direct
     // `attention_part` call over a long view reads in place.
-    let staged = |rows: KvRows<'_>| {
-        let slots: usize = segs.iter().map(|seg| clip(0..seg.len(), seg).len()).sum();
-        n > tile && !matches!(rows, KvRows::F32(_)) && slots <= STAGE_MAX
-    };
-    let (k_staged, v_staged) = match segs.first() {
-        Some(seg) => (staged(seg.keys()), staged(seg.values())),
-        None => (false, false),
-    };
     PART.with_borrow_mut(|sc| {
+        // Each segment's slots in the part and their first row in the stages.
+        sc.staged.clear();
+        let mut at = 0;
+        for seg in segs {
+            let c = clip(0..seg.len(), seg);
+            sc.staged.push((c.start, at));
+            at += c.len();
+        }
+        let staged =
+            |rows: KvRows<'_>| n > tile && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX;
+        let (k_staged, v_staged) = match segs.first() {
+            Some(seg) => (staged(seg.keys()), staged(seg.values())),
+            None => (false, false),
+        };
         for kvh in 0..kv.n_kv_heads() {
-            // Each segment's slots in the part and their first row in the stages.
-            sc.staged.clear();
-            let mut at = 0;
-            for seg in segs {
-                let c = clip(0..seg.len(), seg);
-                sc.staged.push((c.start, at));
-                at += c.len();
-            }
             for (on, stage, pick) in [
                 (k_staged, &mut sc.k_stage, 0),
                 (v_staged, &mut sc.v_stage, 1),
@@ -514,10 +510,10 @@ pub(crate) fn attention_part<K: Kernel>(
                 }
                 stage.resize(at * hd, 0.0);
                 for (seg, &(lo, row)) in segs.iter().zip(&sc.staged) {
-                    let c = clip(0..seg.len(), seg);
+                    let hi = clip(0..seg.len(), seg).end;
                     let rows = if pick == 0 { seg.keys() } else { seg.values() };
-                    let dst = &mut stage[row * hd..(row + c.len()) * hd];
-                    k.decode_rows(head_rows(rows, lo..c.end, kvh), dst);
+                    let dst = &mut stage[row * hd..(row + hi - lo) * hd];
+                    k.decode_rows(head_rows(rows, lo..hi, kvh), dst);
                 }
             }
             for i0 in (0..n).step_by(tile) {
@@ -579,7 +575,7 @@ pub(crate) fn attention_part<K: Kernel>(
                     for b0 in u.clone().step_by(ATTN_BLOCK) {
                         let b1 = (b0 + ATTN_BLOCK).min(u.end);
                         let stage = k_staged.then(|| (&sc.k_stage[..], sc.staged[s]));
-                        let keys = rows_at(seg.keys(), stage, b0..b1, kvh);
+                        let keys = rows_at(seg.keys(), stage, b0..b1, kvh, hd);
                         let dst = &mut sc.scores[off + (b0 - u.start)..];
                         k.scores_rows(&sc.q, keys, params.scale, dst, stride);
                     }
@@ -610,7 +606,7 @@ pub(crate) fn attention_part<K: Kernel>(
                             }
                             if !c.is_empty() {
                                 let stage = v_staged.then(|| (&sc.v_stage[..], sc.staged[s]));
-                                let values = rows_at(seg.values(), stage, c.clone(), kvh);
+                                let values = rows_at(seg.values(), stage, c.clone(), kvh, hd);
                                 let p =
                                     &sc.scores[r0 * group * stride + off + (c.start - u.start)..];
                                 let outs = &mut sc.acc[r0 * group * hd..r1 * group * hd];
