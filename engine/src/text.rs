@@ -24,10 +24,10 @@ pub fn chat_ids(
 ) -> Result<Vec<u32>, TokenizerError> {
     let body = template.render_chat(messages, true)?.encode(tok);
     let mut ids = Vec::with_capacity(body.len() + 1);
-    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
-        if body.first() != Some(&bos) {
-            ids.push(bos);
-        }
+    if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id())
+        && body.first() != Some(&bos)
+    {
+        ids.push(bos);
     }
     ids.extend(body);
     Ok(ids)

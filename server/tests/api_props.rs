@@ -89,15 +89,15 @@ fn body() -> impl Strategy<Value = Value> {
 
 fn check(bytes: &[u8]) {
     let prompt = vec![1u32, 2, 3];
-    if let Ok(r) = parse::<ChatRequest>(bytes) {
-        if let Err(e) = r.common.job(prompt.clone(), LIMITS) {
-            assert!(!e.message.is_empty());
-        }
+    if let Ok(r) = parse::<ChatRequest>(bytes)
+        && let Err(e) = r.common.job(prompt.clone(), LIMITS)
+    {
+        assert!(!e.message.is_empty());
     }
-    if let Ok(r) = parse::<CompletionRequest>(bytes) {
-        if let Err(e) = r.common.job(prompt, LIMITS) {
-            assert!(!e.message.is_empty());
-        }
+    if let Ok(r) = parse::<CompletionRequest>(bytes)
+        && let Err(e) = r.common.job(prompt, LIMITS)
+    {
+        assert!(!e.message.is_empty());
     }
     if let Err(e) = parse::<ChatRequest>(bytes) {
         assert!(

@@ -230,11 +230,11 @@ impl Rows {
         } = self;
         let p = pending.as_mut().expect("checked by open_append");
         let dst = layer * *cap + p.at;
-        if let Undo::Replaced { m, k: sk, v: sv } = &mut p.undo {
-            if !p.written[layer] {
-                sk.copy_rows(layer * *m, kbuf, dst, *m);
-                sv.copy_rows(layer * *m, vbuf, dst, *m);
-            }
+        if let Undo::Replaced { m, k: sk, v: sv } = &mut p.undo
+            && !p.written[layer]
+        {
+            sk.copy_rows(layer * *m, kbuf, dst, *m);
+            sv.copy_rows(layer * *m, vbuf, dst, *m);
         }
         p.written[layer] = true;
         dst

@@ -229,13 +229,13 @@ impl LlamaConfig {
         let head_dim = match file.get(&key("attention.key_length")) {
             Some(_) => {
                 let k = int(&key("attention.key_length"))?;
-                if let Some(v) = file.get(&key("attention.value_length")) {
-                    if v.as_u64() != Some(k as u64) {
-                        return Err(bad(
-                            "attention.value_length",
-                            "must equal attention.key_length",
-                        ));
-                    }
+                if let Some(v) = file.get(&key("attention.value_length"))
+                    && v.as_u64() != Some(k as u64)
+                {
+                    return Err(bad(
+                        "attention.value_length",
+                        "must equal attention.key_length",
+                    ));
                 }
                 k
             }
@@ -264,13 +264,13 @@ impl LlamaConfig {
         if n_heads.checked_mul(head_dim).is_none() {
             return Err(bad("attention.head_count", "query width overflows"));
         }
-        if let Some(v) = file.get(&key("rope.dimension_count")) {
-            if v.as_u64() != Some(head_dim as u64) {
-                return Err(bad(
-                    "rope.dimension_count",
-                    "partial rotary embedding is not supported: must equal head_dim",
-                ));
-            }
+        if let Some(v) = file.get(&key("rope.dimension_count"))
+            && v.as_u64() != Some(head_dim as u64)
+        {
+            return Err(bad(
+                "rope.dimension_count",
+                "partial rotary embedding is not supported: must equal head_dim",
+            ));
         }
         if !(rope_base.is_finite() && rope_base > 0.0) {
             return Err(bad("rope.freq_base", "must be finite and positive"));

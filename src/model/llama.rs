@@ -529,14 +529,14 @@ impl<B: Backend> Llama<B> {
         // A store that evicts behind a window is only right for a layer whose mask hides
         // at least as much.
         for (layer, lc) in self.config.layers.iter().enumerate() {
-            if let Some(store) = kv.window(layer) {
-                if lc.window.is_none_or(|model| model > store) {
-                    return Err(ModelError::KvWindow {
-                        layer,
-                        store,
-                        model: lc.window,
-                    });
-                }
+            if let Some(store) = kv.window(layer)
+                && lc.window.is_none_or(|model| model > store)
+            {
+                return Err(ModelError::KvWindow {
+                    layer,
+                    store,
+                    model: lc.window,
+                });
             }
         }
         let vocab_size = self.config.vocab_size;

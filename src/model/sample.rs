@@ -177,14 +177,14 @@ impl Sampler {
     /// # Errors
     /// [`ModelError::Sampling`] naming the parameter out of range.
     pub fn new(sampling: Sampling) -> Result<Self, ModelError> {
-        if let Sampling::Random { temperature, .. } = sampling {
-            if temperature.is_nan() || temperature <= 0.0 {
-                return Err(ModelError::Sampling {
-                    param: "temperature",
-                    rule: "finite and > 0",
-                    value: temperature,
-                });
-            }
+        if let Sampling::Random { temperature, .. } = sampling
+            && (temperature.is_nan() || temperature <= 0.0)
+        {
+            return Err(ModelError::Sampling {
+                param: "temperature",
+                rule: "finite and > 0",
+                value: temperature,
+            });
         }
         Sampler::with_params(sampling.into())
     }

@@ -201,13 +201,12 @@ fn find_placeholder(text: &str, n: usize) -> Option<(usize, usize, usize)> {
     let mut from = 0;
     while let Some(at) = text[from..].find(HOLD_OPEN).map(|a| a + from) {
         let body = &text[at + HOLD_OPEN.len_utf8()..];
-        if let Some(end) = body.find(HOLD_CLOSE) {
-            if let Ok(index) = body[..end].parse::<usize>() {
-                if index < n {
-                    let len = HOLD_OPEN.len_utf8() + end + HOLD_CLOSE.len_utf8();
-                    return Some((at, index, len));
-                }
-            }
+        if let Some(end) = body.find(HOLD_CLOSE)
+            && let Ok(index) = body[..end].parse::<usize>()
+            && index < n
+        {
+            let len = HOLD_OPEN.len_utf8() + end + HOLD_CLOSE.len_utf8();
+            return Some((at, index, len));
         }
         from = at + HOLD_OPEN.len_utf8();
     }

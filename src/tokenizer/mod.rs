@@ -540,10 +540,10 @@ impl Algorithm {
         if ty.is_special() {
             return text.as_bytes().into();
         }
-        if ty == TokenType::Byte {
-            if let Some(b) = parse_byte_token(text) {
-                return Box::new([b]);
-            }
+        if ty == TokenType::Byte
+            && let Some(b) = parse_byte_token(text)
+        {
+            return Box::new([b]);
         }
         match self {
             Algorithm::Bpe(bpe) => bpe.token_bytes(text),

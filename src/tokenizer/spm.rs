@@ -277,10 +277,10 @@ mod tests {
             let mut best: Option<(f32, usize)> = None;
             for i in 0..pieces.len().saturating_sub(1) {
                 let joined = format!("{}{}", pieces[i], pieces[i + 1]);
-                if let Some((_, score)) = spm.piece(token_to_id, &joined) {
-                    if best.is_none_or(|(s, _)| score > s) {
-                        best = Some((score, i));
-                    }
+                if let Some((_, score)) = spm.piece(token_to_id, &joined)
+                    && best.is_none_or(|(s, _)| score > s)
+                {
+                    best = Some((score, i));
                 }
             }
             let Some((_, i)) = best else { break };

@@ -593,10 +593,10 @@ impl KvStore for SpecKv {
     }
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
-        if p.n > 0 {
-            if let Some(layer) = p.layers.iter().position(Option::is_none) {
-                return Err(KvError::Incomplete { layer });
-            }
+        if p.n > 0
+            && let Some(layer) = p.layers.iter().position(Option::is_none)
+        {
+            return Err(KvError::Incomplete { layer });
         }
         let p = self.pending.take().expect("checked");
         let (ku, vu) = self.units();
@@ -1097,21 +1097,20 @@ fn step<G: KvStore>(
                     outcome(grow.as_ref().map(drop)),
                     outcome(window.as_ref().map(drop)),
                 ];
-                if !agree("fork", &results)? {
-                    if let (Ok(spec), Ok(dense), Ok(grow), Ok(window)) = (spec, dense, grow, window)
-                    {
-                        let fork = Seq {
-                            spec,
-                            dense,
-                            grow,
-                            window,
-                        };
-                        if fork.snapshots()? != seqs[i].snapshots()? {
-                            return Err("a fork differs from its parent".into());
-                        }
-                        grow_caps.push(fork.grow.capacity());
-                        seqs.push(fork);
+                if !agree("fork", &results)?
+                    && let (Ok(spec), Ok(dense), Ok(grow), Ok(window)) = (spec, dense, grow, window)
+                {
+                    let fork = Seq {
+                        spec,
+                        dense,
+                        grow,
+                        window,
+                    };
+                    if fork.snapshots()? != seqs[i].snapshots()? {
+                        return Err("a fork differs from its parent".into());
                     }
+                    grow_caps.push(fork.grow.capacity());
+                    seqs.push(fork);
                 }
             }
         }

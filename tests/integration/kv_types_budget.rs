@@ -77,19 +77,19 @@ fn kv_types_stay_within_their_error_budget() {
         if d.mean() > kld_max {
             failures.push(format!("{ty}: mean KLD {:.3e} > {kld_max:e}", d.mean()));
         }
-        if let Some(m) = dppl_max {
-            if dppl.abs() > m {
-                failures.push(format!(
-                    "{ty}: |ΔPPL| {:.4} % > {} %",
-                    100.0 * dppl.abs(),
-                    100.0 * m
-                ));
-            }
+        if let Some(m) = dppl_max
+            && dppl.abs() > m
+        {
+            failures.push(format!(
+                "{ty}: |ΔPPL| {:.4} % > {} %",
+                100.0 * dppl.abs(),
+                100.0 * m
+            ));
         }
-        if let Some(m) = top1_min {
-            if d.top1_agreement() < m {
-                failures.push(format!("{ty}: top-1 {:.4} < {m}", d.top1_agreement()));
-            }
+        if let Some(m) = top1_min
+            && d.top1_agreement() < m
+        {
+            failures.push(format!("{ty}: top-1 {:.4} < {m}", d.top1_agreement()));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

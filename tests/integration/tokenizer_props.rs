@@ -35,10 +35,10 @@ fn byte_has_token() -> &'static [bool; 256] {
         let t = tokenizer();
         let mut has = [false; 256];
         for id in 0..t.vocab_size() as u32 {
-            if t.token_type(id) == Some(TokenType::Normal) {
-                if let [b] = t.token_bytes(id).unwrap() {
-                    has[usize::from(*b)] = true;
-                }
+            if t.token_type(id) == Some(TokenType::Normal)
+                && let [b] = t.token_bytes(id).unwrap()
+            {
+                has[usize::from(*b)] = true;
             }
         }
         has

@@ -330,6 +330,20 @@ fn weighted_n<R: Rows, const NV: usize, const C: usize>(
         weighted_cols::<R, NV, C>(p, stride, rows, outs, c0);
         c0 += 8 * C;
     }
+    weighted_from::<R, NV>(p, stride, rows, outs, c0);
+}
+
+/// [`weighted_n`]'s columns from `c0` on, 8 at a time, then the unfused tail (each
+/// column's chain is the same whichever pass holds it).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_from<R: Rows, const NV: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+    mut c0: usize,
+) {
+    let (n, hd) = (rows.rows(), rows.head_dim());
     while c0 + 8 <= hd {
         weighted_cols::<R, NV, 1>(p, stride, rows, outs, c0);
         c0 += 8;
@@ -384,6 +398,8 @@ macro_rules! per_type {
         }
     };
 }
+
+mod avx512;
 
 /// The 8 sums of the lanes of `a[0..8]`, lane `r` ← `Σ a[r]` as
 /// `((x₀+x₁)+(x₂+x₃)) + ((x₄+x₅)+(x₆+x₇))` for every `r` alike.
@@ -473,6 +489,15 @@ pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32]
     }
     macro_rules! by_8 {
         ($ch:literal) => {{
+            if let HeadRows::F32(a) = keys {
+                if avx512::enabled() {
+                    // SAFETY: `enabled` checked the features.
+                    unsafe {
+                        avx512::scores_by_8::<$ch>(qs, F32Rows(Raw::new(&a)), scale, out, stride)
+                    };
+                    return;
+                }
+            }
             per_type!(keys, r => scores_by_8::<_, $ch>(qs, r, scale, out, stride));
             return;
         }};
@@ -512,6 +537,9 @@ pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mu
         return;
     }
     if outs.len() <= MAX_VECS * hd {
+        if let HeadRows::F32(a) = values {
+            return weighted_pass_f32(p, stride, F32Rows(Raw::new(&a)), outs);
+        }
         per_type!(values, r => weighted_pass(p, stride, r, outs));
         return;
     }
@@ -531,7 +559,18 @@ pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mu
 fn weighted_passes(p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
     let hd = r.head_dim();
     for (pass, o) in outs.chunks_mut(PASS_VECS * hd).enumerate() {
-        weighted_pass(&p[pass * PASS_VECS * stride..], stride, r, o);
+        weighted_pass_f32(&p[pass * PASS_VECS * stride..], stride, r, o);
+    }
+}
+
+/// [`weighted_pass`] on f32 rows: on AVX-512F where [`avx512::enabled`] (the same bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_pass_f32(p: &[f32], stride: usize, r: F32Rows<'_>, o: &mut [f32]) {
+    if avx512::enabled() {
+        // SAFETY: `enabled` checked the features.
+        unsafe { avx512::weighted(p, stride, r, o) }
+    } else {
+        weighted_pass(p, stride, r, o)
     }
 }
 
@@ -680,6 +719,75 @@ mod tests {
                 unsafe { unrotate(&mut b) };
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "len {len} round {round}");
+            }
+        }
+    }
+
+    /// The AVX-512F kernels give the AVX2 kernels' bits: scores for every head size
+    /// they take, 1 to 9 vectors (pairs and an odd one), blocks of 8 rows and partial
+    /// ones; weighted sums for head sizes with and without 16- and 8-column tails, 1 to
+    /// `MAX_VECS` outputs, rows of mixed magnitudes (so a different order of any
+    /// addition would show).
+    #[test]
+    fn avx512_matches_avx2_bits() {
+        if !avx512::enabled() {
+            eprintln!("no AVX-512F here (or KVCORE_AVX512=0): nothing to compare");
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let m = ((seed >> 11) % 20_001) as f32 / 10_000.0 - 1.0;
+            m * [1.0, 1e-3, 37.0, 1e4][(seed % 4) as usize]
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for hd in [32, 64, 128, 256] {
+            for n in [1, 5, 8, 13, 40] {
+                let keys: Vec<f32> = (0..n * hd).map(|_| next()).collect();
+                let keys = ArrayView2::from_shape((n, hd), &keys[..]).expect("rows");
+                for nv in 1..=9 {
+                    let qs: Vec<f32> = (0..nv * hd).map(|_| next()).collect();
+                    let stride = n + 3;
+                    let (mut a, mut b) = (vec![0.5; nv * stride], vec![0.5; nv * stride]);
+                    let r = F32Rows(Raw::new(&keys));
+                    // SAFETY: features checked by `enabled`.
+                    unsafe {
+                        match hd {
+                            32 => scores_by_8::<_, 4>(&qs, r, 0.125, &mut a, stride),
+                            64 => scores_by_8::<_, 8>(&qs, r, 0.125, &mut a, stride),
+                            128 => scores_by_8::<_, 16>(&qs, r, 0.125, &mut a, stride),
+                            _ => scores_by_8::<_, 32>(&qs, r, 0.125, &mut a, stride),
+                        }
+                        match hd {
+                            32 => avx512::scores_by_8::<4>(&qs, r, 0.125, &mut b, stride),
+                            64 => avx512::scores_by_8::<8>(&qs, r, 0.125, &mut b, stride),
+                            128 => avx512::scores_by_8::<16>(&qs, r, 0.125, &mut b, stride),
+                            _ => avx512::scores_by_8::<32>(&qs, r, 0.125, &mut b, stride),
+                        }
+                    }
+                    assert_eq!(bits(&a), bits(&b), "scores hd {hd} n {n} nv {nv}");
+                }
+            }
+        }
+        for hd in [8, 16, 24, 36, 64, 72, 128, 200, 256] {
+            for n in [1, 2, 7, 33] {
+                let vals: Vec<f32> = (0..n * hd).map(|_| next()).collect();
+                let vals = ArrayView2::from_shape((n, hd), &vals[..]).expect("rows");
+                for nv in 1..=MAX_VECS {
+                    let stride = n + 2;
+                    let p: Vec<f32> = (0..nv * stride).map(|_| next().abs()).collect();
+                    let o: Vec<f32> = (0..nv * hd).map(|_| next()).collect();
+                    let (mut a, mut b) = (o.clone(), o);
+                    let r = F32Rows(Raw::new(&vals));
+                    // SAFETY: features checked by `enabled`.
+                    unsafe {
+                        weighted_pass(&p, stride, r, &mut a);
+                        avx512::weighted(&p, stride, r, &mut b);
+                    }
+                    assert_eq!(bits(&a), bits(&b), "weighted hd {hd} n {n} nv {nv}");
+                }
             }
         }
     }
