@@ -489,14 +489,12 @@ pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32]
     }
     macro_rules! by_8 {
         ($ch:literal) => {{
-            if let HeadRows::F32(a) = keys {
-                if avx512::enabled() {
-                    // SAFETY: `enabled` checked the features.
-                    unsafe {
-                        avx512::scores_by_8::<$ch>(qs, F32Rows(Raw::new(&a)), scale, out, stride)
-                    };
-                    return;
-                }
+            if avx512::enabled() {
+                // SAFETY: `enabled` checked the features.
+                per_type!(keys, r => unsafe {
+                    avx512::scores_by_8::<_, $ch>(qs, r, scale, out, stride)
+                });
+                return;
             }
             per_type!(keys, r => scores_by_8::<_, $ch>(qs, r, scale, out, stride));
             return;
@@ -537,8 +535,10 @@ pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mu
         return;
     }
     if outs.len() <= MAX_VECS * hd {
-        if let HeadRows::F32(a) = values {
-            return weighted_pass_f32(p, stride, F32Rows(Raw::new(&a)), outs);
+        if avx512::enabled() {
+            // SAFETY: `enabled` checked the features.
+            per_type!(values, r => unsafe { avx512::weighted(p, stride, r, outs) });
+            return;
         }
         per_type!(values, r => weighted_pass(p, stride, r, outs));
         return;
@@ -723,11 +723,11 @@ mod tests {
         }
     }
 
-    /// The AVX-512F kernels give the AVX2 kernels' bits: scores for every head size
-    /// they take, 1 to 9 vectors (pairs and an odd one), blocks of 8 rows and partial
-    /// ones; weighted sums for head sizes with and without 16- and 8-column tails, 1 to
-    /// `MAX_VECS` outputs, rows of mixed magnitudes (so a different order of any
-    /// addition would show).
+    /// The AVX-512F kernels give the AVX2 kernels' bits on rows of every stored type:
+    /// scores for every head size they take, 1 to 9 vectors (pairs and an odd one),
+    /// blocks of 8 rows and partial ones; weighted sums for head sizes with and without
+    /// 16- and 8-column tails, 1 to `MAX_VECS` outputs; values of mixed magnitudes, so a
+    /// different order of any addition would show.
     #[test]
     fn avx512_matches_avx2_bits() {
         if !avx512::enabled() {
@@ -743,50 +743,75 @@ mod tests {
             m * [1.0, 1e-3, 37.0, 1e4][(seed % 4) as usize]
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // Runs `$body` with `$r` bound to the rows `x: [n, hd]` in each stored type
+        // (`q8_0` only when `hd` is a multiple of 32).
+        macro_rules! each_type {
+            ($x:expr, $n:expr, $hd:expr, $r:ident => $body:expr) => {{
+                let (x, n, hd): (&[f32], usize, usize) = ($x, $n, $hd);
+                let a = ArrayView2::from_shape((n, hd), x).expect("rows");
+                let $r = F32Rows(Raw::new(&a));
+                $body;
+                let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let a = ArrayView2::from_shape((n, hd), &h[..]).expect("rows");
+                let $r = F16Rows(Raw::new(&a));
+                $body;
+                let h: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                let a = ArrayView2::from_shape((n, hd), &h[..]).expect("rows");
+                let $r = Bf16Rows(Raw::new(&a));
+                $body;
+                if hd % Q8_0_BLOCK == 0 {
+                    let b: Vec<BlockQ8_0> =
+                        x.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect();
+                    let a = ArrayView2::from_shape((n, hd / Q8_0_BLOCK), &b[..]).expect("rows");
+                    let $r = Q8Rows(Raw::new(&a));
+                    $body;
+                }
+            }};
+        }
         for hd in [32, 64, 128, 256] {
             for n in [1, 5, 8, 13, 40] {
                 let keys: Vec<f32> = (0..n * hd).map(|_| next()).collect();
-                let keys = ArrayView2::from_shape((n, hd), &keys[..]).expect("rows");
                 for nv in 1..=9 {
                     let qs: Vec<f32> = (0..nv * hd).map(|_| next()).collect();
                     let stride = n + 3;
-                    let (mut a, mut b) = (vec![0.5; nv * stride], vec![0.5; nv * stride]);
-                    let r = F32Rows(Raw::new(&keys));
-                    // SAFETY: features checked by `enabled`.
-                    unsafe {
-                        match hd {
-                            32 => scores_by_8::<_, 4>(&qs, r, 0.125, &mut a, stride),
-                            64 => scores_by_8::<_, 8>(&qs, r, 0.125, &mut a, stride),
-                            128 => scores_by_8::<_, 16>(&qs, r, 0.125, &mut a, stride),
-                            _ => scores_by_8::<_, 32>(&qs, r, 0.125, &mut a, stride),
+                    each_type!(&keys, n, hd, r => {
+                        let (mut a, mut b) = (vec![0.5; nv * stride], vec![0.5; nv * stride]);
+                        // SAFETY: features checked by `enabled`.
+                        unsafe {
+                            match hd {
+                                32 => scores_by_8::<_, 4>(&qs, r, 0.125, &mut a, stride),
+                                64 => scores_by_8::<_, 8>(&qs, r, 0.125, &mut a, stride),
+                                128 => scores_by_8::<_, 16>(&qs, r, 0.125, &mut a, stride),
+                                _ => scores_by_8::<_, 32>(&qs, r, 0.125, &mut a, stride),
+                            }
+                            match hd {
+                                32 => avx512::scores_by_8::<_, 4>(&qs, r, 0.125, &mut b, stride),
+                                64 => avx512::scores_by_8::<_, 8>(&qs, r, 0.125, &mut b, stride),
+                                128 => avx512::scores_by_8::<_, 16>(&qs, r, 0.125, &mut b, stride),
+                                _ => avx512::scores_by_8::<_, 32>(&qs, r, 0.125, &mut b, stride),
+                            }
                         }
-                        match hd {
-                            32 => avx512::scores_by_8::<4>(&qs, r, 0.125, &mut b, stride),
-                            64 => avx512::scores_by_8::<8>(&qs, r, 0.125, &mut b, stride),
-                            128 => avx512::scores_by_8::<16>(&qs, r, 0.125, &mut b, stride),
-                            _ => avx512::scores_by_8::<32>(&qs, r, 0.125, &mut b, stride),
-                        }
-                    }
-                    assert_eq!(bits(&a), bits(&b), "scores hd {hd} n {n} nv {nv}");
+                        assert_eq!(bits(&a), bits(&b), "scores hd {hd} n {n} nv {nv}");
+                    });
                 }
             }
         }
-        for hd in [8, 16, 24, 36, 64, 72, 128, 200, 256] {
+        for hd in [8, 16, 24, 36, 64, 72, 96, 128, 200, 256] {
             for n in [1, 2, 7, 33] {
                 let vals: Vec<f32> = (0..n * hd).map(|_| next()).collect();
-                let vals = ArrayView2::from_shape((n, hd), &vals[..]).expect("rows");
                 for nv in 1..=MAX_VECS {
                     let stride = n + 2;
                     let p: Vec<f32> = (0..nv * stride).map(|_| next().abs()).collect();
                     let o: Vec<f32> = (0..nv * hd).map(|_| next()).collect();
-                    let (mut a, mut b) = (o.clone(), o);
-                    let r = F32Rows(Raw::new(&vals));
-                    // SAFETY: features checked by `enabled`.
-                    unsafe {
-                        weighted_pass(&p, stride, r, &mut a);
-                        avx512::weighted(&p, stride, r, &mut b);
-                    }
-                    assert_eq!(bits(&a), bits(&b), "weighted hd {hd} n {n} nv {nv}");
+                    each_type!(&vals, n, hd, r => {
+                        let (mut a, mut b) = (o.clone(), o.clone());
+                        // SAFETY: features checked by `enabled`.
+                        unsafe {
+                            weighted_pass(&p, stride, r, &mut a);
+                            avx512::weighted(&p, stride, r, &mut b);
+                        }
+                        assert_eq!(bits(&a), bits(&b), "weighted hd {hd} n {n} nv {nv}");
+                    });
                 }
             }
         }

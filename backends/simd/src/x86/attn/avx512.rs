@@ -1,8 +1,8 @@
 //! AVX-512F twins of the f32 attention kernels of [`super`], **bit for bit** the AVX2
 //! ones: the same FMAs in the same order on every lane, twice as many lanes per
-//! instruction. They take the rows the AVX2 kernels read as f32 — f32 keys and values,
-//! and a prefill's staged rows of every type — where the CPU has AVX-512F
-//! ([`enabled`]); everything else stays on the AVX2 kernels.
+//! instruction, on rows of every stored type (converted by the same exact loads, or the
+//! same one rounded product for `q8_0`). The attention kernels take them where the CPU
+//! has AVX-512F ([`enabled`]).
 //!
 //! - Scores ([`scores_by_8`]): two query vectors share a 512-bit register, one in each
 //!   256-bit half, against each key row broadcast to both halves; each half is exactly
@@ -14,7 +14,8 @@
 //! the row-count tests and a state saved on one machine agree across machines with and
 //! without AVX-512 (`x86::attn::tests` compares the two on the same inputs).
 
-use super::{F32Rows, MAX_VECS, Rows, lane_sums, weighted_from};
+use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, lane_sums, weighted_from};
+use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
@@ -69,15 +70,18 @@ fn put(dst: &mut [f32], m: usize, s: __m256) {
     }
 }
 
-/// [`super::scores_by_8`] for f32 rows: `out[v · stride + t] ← scale · q_v·k_t`, the
-/// vectors in pairs (an odd last one on 256 bits, as the AVX2 kernel runs it).
+/// [`super::scores_by_8`]: `out[v · stride + t] ← scale · q_v·k_t`. A block's 8 rows are
+/// held as 4 pairs, rows `i` and `i + 4` in the two halves of a register, against each
+/// query chunk in both halves: each half is the AVX2 kernel's 8-lane chain for its row,
+/// and the 8 halves go through the same [`lane_sums`].
 ///
 /// # Safety
 /// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`]).
+#[allow(private_bounds)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn scores_by_8<const CH: usize>(
+pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
     qs: &[f32],
-    rows: F32Rows<'_>,
+    rows: R,
     scale: f32,
     out: &mut [f32],
     stride: usize,
@@ -90,57 +94,130 @@ pub(super) unsafe fn scores_by_8<const CH: usize>(
         "scores length"
     );
     let sc = _mm256_set1_ps(scale);
-    // Each of the block's 8 rows as CH chunks of 8, each chunk in both halves.
-    let mut buf = [[_mm512_setzero_ps(); CH]; 8];
+    // Rows `i` and `i + 4` of the block as CH chunks of 8 (the AVX2 kernel's re-read of
+    // the last row fills a partial block's unused slots alike).
+    let mut buf = [[_mm512_setzero_ps(); CH]; 4];
     for t0 in (0..n).step_by(8) {
         let m = (n - t0).min(8);
-        for (r, row) in buf.iter_mut().enumerate() {
-            let t = t0 + r.min(m - 1);
-            for (c, x) in row.iter_mut().enumerate() {
-                // SAFETY: `t < n`, `8c + 8 ≤ hd`, a multiple of 8; features enabled.
-                *x = both(unsafe { rows.load8(t, 8 * c) });
+        for (i, pair) in buf.iter_mut().enumerate() {
+            let (t, u) = (t0 + i.min(m - 1), t0 + (i + 4).min(m - 1));
+            for (c4, x) in pair.chunks_exact_mut(4).enumerate() {
+                // SAFETY: `t, u < n`, `32·c4 + 32 ≤ hd` (`CH` is a multiple of 4), a
+                // multiple of 32; features enabled.
+                x.copy_from_slice(&unsafe { rows.load32x2(t, u, 32 * c4) });
             }
         }
-        for v in (0..nv - nv % 2).step_by(2) {
-            let mut acc = [_mm512_setzero_ps(); 8];
+        for v in 0..nv {
+            let mut acc = [_mm512_setzero_ps(); 4];
             for c in 0..CH {
-                let qc = pair(
-                    super::load(&qs[v * hd + 8 * c..]),
-                    super::load(&qs[(v + 1) * hd + 8 * c..]),
+                let qc = both(super::load(&qs[v * hd + 8 * c..]));
+                for (a, pair) in acc.iter_mut().zip(&buf) {
+                    *a = _mm512_fmadd_ps(qc, pair[c], *a);
+                }
+            }
+            let mut lanes = [_mm256_setzero_ps(); 8];
+            for (i, a) in acc.iter().enumerate() {
+                (lanes[i], lanes[i + 4]) = (_mm512_castps512_ps256(*a), high(*a));
+            }
+            put(
+                &mut out[v * stride + t0..],
+                m,
+                _mm256_mul_ps(sc, lane_sums(&lanes)),
+            );
+        }
+    }
+}
+
+/// Rows read 16 values at a time.
+///
+/// # Safety
+/// `load16(t, j)` requires `t < rows()`, `j + 16 ≤ head_dim()`, `j` a multiple of 16, and
+/// a CPU with AVX-512F, AVX2, FMA and F16C.
+trait Rows16: Rows {
+    /// Values `j .. j + 16` of row `t` as f32: the values of two `load8`.
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512;
+    /// Values `j .. j + 32` of rows `t` (low halves) and `u` (high halves) as f32, 8 per
+    /// half: the values of `load32` of each row (`j` a multiple of 32, `u < rows()`).
+    #[inline(always)]
+    unsafe fn load32x2(&self, t: usize, u: usize, j: usize) -> [__m512; 4] {
+        // SAFETY: the caller's contract covers both rows' `j .. j + 32` and the features.
+        unsafe {
+            let (a, b) = (self.load32(t, j), self.load32(u, j));
+            [
+                pair(a[0], b[0]),
+                pair(a[1], b[1]),
+                pair(a[2], b[2]),
+                pair(a[3], b[3]),
+            ]
+        }
+    }
+}
+
+impl Rows16 for F32Rows<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512 {
+        // SAFETY: 16 floats of row `t` from `j` are in bounds (the trait's contract).
+        unsafe { _mm512_loadu_ps(self.0.at(t, j)) }
+    }
+}
+
+impl Rows16 for F16Rows<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512 {
+        // SAFETY: 16 halves (32 bytes) of row `t` from `j` are in bounds (the trait's
+        // contract); the conversion is exact, as `vcvtph2ps` on 8.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0.at(t, j).cast())) }
+    }
+}
+
+impl Rows16 for Bf16Rows<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512 {
+        // SAFETY: 16 bf16 (32 bytes) of row `t` from `j` are in bounds (the trait's
+        // contract). A bf16 is the high half of an f32.
+        unsafe {
+            let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(self.0.at(t, j).cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+        }
+    }
+}
+
+impl Rows16 for Q8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512 {
+        // SAFETY: `j` is a multiple of 16 in bounds (the trait's contract), so the 16
+        // quants from `j % 32` lie in block `j / 32` of row `t`. Each value is the one
+        // rounded product `d · q` of the AVX2 load and of the reference.
+        unsafe {
+            let b: *const BlockQ8_0 = self.0.at(t, j / Q8_0_BLOCK);
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits()))));
+            let qs = std::ptr::addr_of!((*b).qs).cast::<i8>().add(j % Q8_0_BLOCK);
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast()));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(d))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load32x2(&self, t: usize, u: usize, j: usize) -> [__m512; 4] {
+        // SAFETY: `j` is a multiple of 32 in bounds and `t, u < rows` (the trait's
+        // contract): block `j / 32` of each row, 32 quants each. Eight quants of each row
+        // share a 16-byte register, widened and converted together, each multiplied by
+        // its own row's scale: the one rounded product `d · q` of `load32`.
+        unsafe {
+            let block = |t: usize| {
+                let b: *const BlockQ8_0 = self.0.at(t, j / Q8_0_BLOCK);
+                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits()))));
+                (std::ptr::addr_of!((*b).qs).cast::<i8>(), d)
+            };
+            let ((qt, dt), (qu, du)) = (block(t), block(u));
+            let d = pair(_mm256_set1_ps(dt), _mm256_set1_ps(du));
+            let f = |k: usize| {
+                let q = _mm_unpacklo_epi64(
+                    _mm_loadl_epi64(qt.add(8 * k).cast()),
+                    _mm_loadl_epi64(qu.add(8 * k).cast()),
                 );
-                for (a, row) in acc.iter_mut().zip(&buf) {
-                    *a = _mm512_fmadd_ps(qc, row[c], *a);
-                }
-            }
-            let (mut lo, mut hi) = ([_mm256_setzero_ps(); 8], [_mm256_setzero_ps(); 8]);
-            for ((l, h), a) in lo.iter_mut().zip(&mut hi).zip(&acc) {
-                (*l, *h) = (_mm512_castps512_ps256(*a), high(*a));
-            }
-            put(
-                &mut out[v * stride + t0..],
-                m,
-                _mm256_mul_ps(sc, lane_sums(&lo)),
-            );
-            put(
-                &mut out[(v + 1) * stride + t0..],
-                m,
-                _mm256_mul_ps(sc, lane_sums(&hi)),
-            );
-        }
-        if nv % 2 == 1 {
-            let v = nv - 1;
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for c in 0..CH {
-                let qc = super::load(&qs[v * hd + 8 * c..]);
-                for (a, row) in acc.iter_mut().zip(&buf) {
-                    *a = _mm256_fmadd_ps(qc, _mm512_castps512_ps256(row[c]), *a);
-                }
-            }
-            put(
-                &mut out[v * stride + t0..],
-                m,
-                _mm256_mul_ps(sc, lane_sums(&acc)),
-            );
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
+            };
+            [f(0), f(1), f(2), f(3)]
         }
     }
 }
@@ -149,10 +226,10 @@ pub(super) unsafe fn scores_by_8<const CH: usize>(
 /// ([`super::weighted_cols`] on 16 lanes).
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn cols<const NV: usize, const C: usize>(
+fn cols<R: Rows16, const NV: usize, const C: usize>(
     p: &[f32],
     stride: usize,
-    rows: F32Rows<'_>,
+    rows: R,
     outs: &mut [f32],
     c0: usize,
 ) {
@@ -170,9 +247,9 @@ fn cols<const NV: usize, const C: usize>(
     for t in 0..n {
         let mut x = [_mm512_setzero_ps(); C];
         for (c, xc) in x.iter_mut().enumerate() {
-            // SAFETY: `t < n` and `c0 + 16c + 16 ≤ hd` (asserted above): 16 floats of
-            // row `t`, which `F32Rows` borrows.
-            *xc = unsafe { _mm512_loadu_ps(rows.0.at(t, c0 + 16 * c)) };
+            // SAFETY: `t < n` and `c0 + 16c + 16 ≤ hd` (asserted above), `c0` a multiple
+            // of 16 (the callers' passes); features enabled.
+            *xc = unsafe { rows.load16(t, c0 + 16 * c) };
         }
         for (v, a) in acc.iter_mut().enumerate() {
             // SAFETY: `v < NV` and `t < n`, so `v·stride + t < (NV − 1)·stride + n ≤
@@ -195,36 +272,37 @@ fn cols<const NV: usize, const C: usize>(
 /// column passes of `16·C`, then of 16, then the AVX2 kernel's from the first column
 /// left (8 at a time, then its unfused tail).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn weighted_n<const NV: usize, const C: usize>(
+fn weighted_n<R: Rows16, const NV: usize, const C: usize>(
     p: &[f32],
     stride: usize,
-    rows: F32Rows<'_>,
+    rows: R,
     outs: &mut [f32],
 ) {
     let hd = rows.head_dim();
     let mut c0 = 0;
     while c0 + 16 * C <= hd {
-        cols::<NV, C>(p, stride, rows, outs, c0);
+        cols::<R, NV, C>(p, stride, rows, outs, c0);
         c0 += 16 * C;
     }
     while c0 + 16 <= hd {
-        cols::<NV, 1>(p, stride, rows, outs, c0);
+        cols::<R, NV, 1>(p, stride, rows, outs, c0);
         c0 += 16;
     }
     weighted_from::<_, NV>(p, stride, rows, outs, c0);
 }
 
-/// [`super::weighted_pass`] for f32 rows: `outs.len() / head_dim ≤ MAX_VECS` outputs,
-/// `NV · C ≤ 24` accumulators of 16 lanes.
+/// [`super::weighted_pass`]: `outs.len() / head_dim ≤ MAX_VECS` outputs, `NV · C ≤ 24`
+/// accumulators of 16 lanes.
 ///
 /// # Safety
 /// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`]).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn weighted(p: &[f32], stride: usize, rows: F32Rows<'_>, outs: &mut [f32]) {
+#[allow(private_bounds)]
+pub(super) unsafe fn weighted<R: Rows16>(p: &[f32], stride: usize, rows: R, outs: &mut [f32]) {
     let nv = outs.len() / rows.head_dim();
     assert!((1..=MAX_VECS).contains(&nv), "outputs per pass");
     per_vecs!(nv, NV => match NV {
-        1..=6 => weighted_n::<NV, 4>(p, stride, rows, outs),
-        _ => weighted_n::<NV, 2>(p, stride, rows, outs),
+        1..=6 => weighted_n::<R, NV, 4>(p, stride, rows, outs),
+        _ => weighted_n::<R, NV, 2>(p, stride, rows, outs),
     })
 }
