@@ -400,6 +400,7 @@ macro_rules! per_type {
 }
 
 mod avx512;
+pub(super) use avx512::enabled as avx512_enabled;
 
 /// The 8 sums of the lanes of `a[0..8]`, lane `r` ← `Σ a[r]` as
 /// `((x₀+x₁)+(x₂+x₃)) + ((x₄+x₅)+(x₆+x₇))` for every `r` alike.

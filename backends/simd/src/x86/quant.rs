@@ -409,19 +409,41 @@ pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usi
     if cols == 0 || !x.len().is_multiple_of(cols) || 4 * x.len() > FUSED_X_BYTES {
         return false;
     }
-    macro_rules! tokens {
-        ($($t:literal)*) => {
-            match x.len() / cols {
-                $($t => gemm_blocks_n::<$t>(fmt, w, x, y, stride),)*
-                _ => return false,
-            }
-        };
+    if rows == 0 {
+        return true;
     }
-    if rows > 0 {
-        tokens!(2 3 4 5 6 7 8);
+    if avx512::enabled() && cols.is_multiple_of(QK) {
+        // SAFETY: `enabled` checked the features.
+        unsafe {
+            match x.len() / cols {
+                4 => avx512::gemm_blocks_n::<4>(fmt, w, x, y, stride),
+                6 => avx512::gemm_blocks_n::<6>(fmt, w, x, y, stride),
+                8 => avx512::gemm_blocks_n::<8>(fmt, w, x, y, stride),
+                _ => return gemm_blocks_avx2(fmt, w, x, y, stride),
+            }
+        }
+        return true;
+    }
+    gemm_blocks_avx2(fmt, w, x, y, stride)
+}
+
+/// [`gemm_blocks`] on the AVX2 kernel (`rows > 0`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_blocks_avx2(fmt: Block, w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usize) -> bool {
+    match x.len() / w.cols() {
+        2 => gemm_blocks_n::<2>(fmt, w, x, y, stride),
+        3 => gemm_blocks_n::<3>(fmt, w, x, y, stride),
+        4 => gemm_blocks_n::<4>(fmt, w, x, y, stride),
+        5 => gemm_blocks_n::<5>(fmt, w, x, y, stride),
+        6 => gemm_blocks_n::<6>(fmt, w, x, y, stride),
+        7 => gemm_blocks_n::<7>(fmt, w, x, y, stride),
+        8 => gemm_blocks_n::<8>(fmt, w, x, y, stride),
+        _ => return false,
     }
     true
 }
+
+mod avx512;
 
 /// [`gemm_blocks`] for `T` tokens.
 #[inline]
@@ -528,7 +550,8 @@ mod tests {
     use crate::x86::dot::gemm_rows;
 
     /// `gemm_blocks` bit for bit the decoded rows through `gemm_rows` (its docs' claim),
-    /// for each of its formats, every token count it takes, row counts around the
+    /// on the kernel it dispatches to (AVX-512F for an even token count where the CPU
+    /// has it) and on the AVX2 kernel, for each of its formats, every token count it takes, row counts around the
     /// prefetch distance; `false` and nothing written for one token, nine, or another
     /// format.
     #[test]
@@ -565,6 +588,19 @@ mod tests {
                     unsafe { gemm_rows(&decoded, &x, cols, &mut want, stride) };
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{dtype} [{rows}, {cols}] n {n}");
+                    // The AVX2 kernel itself, where `gemm_blocks` took the AVX-512 one.
+                    let fmt = match dtype {
+                        DType::Q8_0 => Block::Q8_0,
+                        DType::Q4_0 => Block::Q4_0,
+                        _ => Block::Q4_1,
+                    };
+                    let mut avx2 = vec![f32::NAN; n * stride];
+                    assert!(unsafe { gemm_blocks_avx2(fmt, &w, &x, &mut avx2, stride) });
+                    assert_eq!(
+                        bits(&avx2),
+                        bits(&want),
+                        "AVX2 {dtype} [{rows}, {cols}] n {n}"
+                    );
                 }
             }
         }
