@@ -384,9 +384,24 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
 /// 7 % slower, so wider ones take the panels.
 const FUSED_X_BYTES: usize = 24 << 10;
 
+/// [`FUSED_X_BYTES`] for the AVX-512F kernel, which decodes two rows' blocks per pass at
+/// half the instructions: `[576, 1536]` Q4_1 (Q8_0) with 8 tokens, 48 KiB, took 117 (130)
+/// µs straight from the blocks against 170 (162) through the decoded panels
+/// (`cargo bench --bench kernels -- gemm_few`, Zen 5, L1d 48 KiB).
+const FUSED_X_BYTES_AVX512: usize = 48 << 10;
+
+/// The most bytes of activations [`gemm_blocks`] takes on this CPU.
+fn fused_x_bytes() -> usize {
+    if avx512::enabled() {
+        FUSED_X_BYTES_AVX512
+    } else {
+        FUSED_X_BYTES
+    }
+}
+
 /// The few-token GEMM straight from the stored blocks of `Q8_0`, `Q4_0` or `Q4_1`
 /// weights: `y[t·stride + r] ← w_r·x_t` for every row of `w` and token of `x: [n, cols]`
-/// (`2 ≤ n ≤ 8`, at most [`FUSED_X_BYTES`] of them), or `false` (nothing written) for
+/// (`2 ≤ n ≤ 8`, at most [`fused_x_bytes`] of them), or `false` (nothing written) for
 /// another format or other tokens. Each
 /// block is decoded once into registers (`d·q`, then `+ m`, as [`dequantize`] rounds
 /// them) and multiplied into every token's chain, one 8-lane FMA chain per output over
@@ -406,7 +421,7 @@ pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usi
         _ => return false,
     };
     let (rows, cols) = (w.rows(), w.cols());
-    if cols == 0 || !x.len().is_multiple_of(cols) || 4 * x.len() > FUSED_X_BYTES {
+    if cols == 0 || !x.len().is_multiple_of(cols) || 4 * x.len() > fused_x_bytes() {
         return false;
     }
     if rows == 0 {
@@ -416,10 +431,14 @@ pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usi
         // SAFETY: `enabled` checked the features.
         unsafe {
             match x.len() / cols {
+                2 => avx512::gemm_blocks_n::<2>(fmt, w, x, y, stride),
+                3 => avx512::gemm_blocks_n::<3>(fmt, w, x, y, stride),
                 4 => avx512::gemm_blocks_n::<4>(fmt, w, x, y, stride),
+                5 => avx512::gemm_blocks_n::<5>(fmt, w, x, y, stride),
                 6 => avx512::gemm_blocks_n::<6>(fmt, w, x, y, stride),
+                7 => avx512::gemm_blocks_n::<7>(fmt, w, x, y, stride),
                 8 => avx512::gemm_blocks_n::<8>(fmt, w, x, y, stride),
-                _ => return gemm_blocks_avx2(fmt, w, x, y, stride),
+                _ => return false,
             }
         }
         return true;
@@ -578,7 +597,7 @@ mod tests {
                     let done = unsafe { gemm_blocks(&w, &x, &mut got, stride) };
                     let takes = (2..=8).contains(&n)
                         && dtype != DType::Q5_0
-                        && 4 * n * cols <= FUSED_X_BYTES;
+                        && 4 * n * cols <= fused_x_bytes();
                     assert_eq!(done, takes, "{dtype} n {n}");
                     if !takes {
                         assert!(got.iter().all(|v| v.is_nan()), "{dtype} n {n} wrote");
