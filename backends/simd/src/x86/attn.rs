@@ -725,8 +725,8 @@ mod tests {
     }
 
     /// The AVX-512F kernels give the AVX2 kernels' bits on rows of every stored type:
-    /// scores for every head size they take, 1 to 9 vectors (pairs and an odd one),
-    /// blocks of 8 rows and partial ones; weighted sums for head sizes with and without
+    /// scores for every head size they take, 1 to 9 vectors, blocks of 8 rows and
+    /// partial ones (whose unused pair slots re-read the last row); weighted sums for head sizes with and without
     /// 16- and 8-column tails, 1 to `MAX_VECS` outputs; values of mixed magnitudes, so a
     /// different order of any addition would show.
     #[test]

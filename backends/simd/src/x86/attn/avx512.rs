@@ -1,12 +1,13 @@
-//! AVX-512F twins of the f32 attention kernels of [`super`], **bit for bit** the AVX2
-//! ones: the same FMAs in the same order on every lane, twice as many lanes per
-//! instruction, on rows of every stored type (converted by the same exact loads, or the
-//! same one rounded product for `q8_0`). The attention kernels take them where the CPU
-//! has AVX-512F ([`enabled`]).
+//! AVX-512F twins of the attention kernels of [`super`], **bit for bit** the AVX2 ones:
+//! the same FMAs in the same order on every lane, twice as many lanes per instruction,
+//! on rows of every stored type (converted by the same exact loads, or the same one
+//! rounded product `d·q` for `q8_0`). The attention kernels take them where the CPU has
+//! AVX-512F ([`enabled`], which the few-token block GEMM's twin shares).
 //!
-//! - Scores ([`scores_by_8`]): two query vectors share a 512-bit register, one in each
-//!   256-bit half, against each key row broadcast to both halves; each half is exactly
-//!   the AVX2 kernel's 8-lane chain for its vector, reduced by the same [`lane_sums`].
+//! - Scores ([`scores_by_8`]): a block's 8 key rows in pairs, rows `i` and `i + 4` in the
+//!   two 256-bit halves of a register, against each query chunk in both halves; each
+//!   half is exactly the AVX2 kernel's 8-lane chain for its row, and the 8 halves go
+//!   through the same [`lane_sums`].
 //! - Weighted sums ([`weighted`]): 16 output columns per register instead of 8; an output
 //!   element is still the one chain `o ← fma(p_t, v_tj, o)` in `t` order.
 //!
