@@ -400,7 +400,6 @@ macro_rules! per_type {
 }
 
 mod avx512;
-pub(super) use avx512::enabled as avx512_enabled;
 
 /// The 8 sums of the lanes of `a[0..8]`, lane `r` ← `Σ a[r]` as
 /// `((x₀+x₁)+(x₂+x₃)) + ((x₄+x₅)+(x₆+x₇))` for every `r` alike.
@@ -490,7 +489,7 @@ pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32]
     }
     macro_rules! by_8 {
         ($ch:literal) => {{
-            if avx512::enabled() {
+            if crate::x86::avx512::enabled() {
                 // SAFETY: `enabled` checked the features.
                 per_type!(keys, r => unsafe {
                     avx512::scores_by_8::<_, $ch>(qs, r, scale, out, stride)
@@ -536,7 +535,7 @@ pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mu
         return;
     }
     if outs.len() <= MAX_VECS * hd {
-        if avx512::enabled() {
+        if crate::x86::avx512::enabled() {
             // SAFETY: `enabled` checked the features.
             per_type!(values, r => unsafe { avx512::weighted(p, stride, r, outs) });
             return;
@@ -564,10 +563,10 @@ fn weighted_passes(p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
     }
 }
 
-/// [`weighted_pass`] on f32 rows: on AVX-512F where [`avx512::enabled`] (the same bits).
+/// [`weighted_pass`] on f32 rows: on AVX-512F where [`crate::x86::avx512::enabled`] (the same bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn weighted_pass_f32(p: &[f32], stride: usize, r: F32Rows<'_>, o: &mut [f32]) {
-    if avx512::enabled() {
+    if crate::x86::avx512::enabled() {
         // SAFETY: `enabled` checked the features.
         unsafe { avx512::weighted(p, stride, r, o) }
     } else {
@@ -731,7 +730,7 @@ mod tests {
     /// different order of any addition would show.
     #[test]
     fn avx512_matches_avx2_bits() {
-        if !avx512::enabled() {
+        if !crate::x86::avx512::enabled() {
             eprintln!("no AVX-512F here (or KVCORE_AVX512=0): nothing to compare");
             return;
         }

@@ -13,6 +13,7 @@
 //! [`Avx2`]'s trait methods, justified by the detection that created the token.
 
 mod attn;
+mod avx512;
 mod dot;
 mod kquant;
 mod q8;

@@ -392,7 +392,7 @@ const FUSED_X_BYTES_AVX512: usize = 48 << 10;
 
 /// The most bytes of activations [`gemm_blocks`] takes on this CPU.
 fn fused_x_bytes() -> usize {
-    if avx512::enabled() {
+    if crate::x86::avx512::enabled() {
         FUSED_X_BYTES_AVX512
     } else {
         FUSED_X_BYTES
@@ -427,7 +427,7 @@ pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usi
     if rows == 0 {
         return true;
     }
-    if avx512::enabled() && cols.is_multiple_of(QK) {
+    if crate::x86::avx512::enabled() && cols.is_multiple_of(QK) {
         // SAFETY: `enabled` checked the features.
         unsafe {
             match x.len() / cols {

@@ -2,7 +2,7 @@
 //! the same FMAs in the same order on every lane, twice as many lanes per instruction,
 //! on rows of every stored type (converted by the same exact loads, or the same one
 //! rounded product `d·q` for `q8_0`). The attention kernels take them where the CPU has
-//! AVX-512F ([`enabled`], which the few-token block GEMM's twin shares).
+//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)).
 //!
 //! - Scores ([`scores_by_8`]): a block's 8 key rows in pairs, rows `i` and `i + 4` in the
 //!   two 256-bit halves of a register, against each query chunk in both halves; each
@@ -16,47 +16,9 @@
 //! without AVX-512 (`x86::attn::tests` compares the two on the same inputs).
 
 use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, lane_sums, weighted_from};
+use crate::x86::avx512::{both, high, low, pair};
 use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
-
-/// Whether the AVX-512F kernels run: the CPU has AVX-512F (and the AVX2, FMA and F16C
-/// the AVX2 kernels need), and `KVCORE_AVX512` is not `0` (which keeps the AVX2 kernels,
-/// for comparisons on one machine).
-pub(in crate::x86) fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-            && std::env::var("KVCORE_AVX512").map_or(true, |v| v != "0")
-    })
-}
-
-/// `x` in both 256-bit halves.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn both(x: __m256) -> __m512 {
-    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(x)))
-}
-
-/// `a` in the low 256-bit half, `b` in the high one.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn pair(a: __m256, b: __m256) -> __m512 {
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-        _mm512_castpd256_pd512(_mm256_castps_pd(a)),
-        _mm256_castps_pd(b),
-    ))
-}
-
-/// The high 256-bit half of `x`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn high(x: __m512) -> __m256 {
-    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)))
-}
 
 /// The first `m ≤ 8` scores of `s` to `dst` (a whole block in one store).
 #[inline]
@@ -77,7 +39,7 @@ fn put(dst: &mut [f32], m: usize, s: __m256) {
 /// and the 8 halves go through the same [`lane_sums`].
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`]).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
 #[allow(private_bounds)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
@@ -118,7 +80,7 @@ pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
             }
             let mut lanes = [_mm256_setzero_ps(); 8];
             for (i, a) in acc.iter().enumerate() {
-                (lanes[i], lanes[i + 4]) = (_mm512_castps512_ps256(*a), high(*a));
+                (lanes[i], lanes[i + 4]) = (low(*a), high(*a));
             }
             put(
                 &mut out[v * stride + t0..],
@@ -296,7 +258,7 @@ fn weighted_n<R: Rows16, const NV: usize, const C: usize>(
 /// accumulators of 16 lanes.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`]).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(private_bounds)]
 pub(super) unsafe fn weighted<R: Rows16>(p: &[f32], stride: usize, rows: R, outs: &mut [f32]) {

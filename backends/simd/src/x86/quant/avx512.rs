@@ -5,20 +5,12 @@
 //! `d·q` and `+ m` per weight as [`Block::lanes`] and [`Block::weights`]), and each
 //! half of an accumulator is the AVX2 kernel's 8-lane chain for its row and token, summed
 //! by the same [`hsum`]. An odd last row takes the AVX2 kernel. Used where the CPU has
-//! AVX-512F ([`enabled`]); `super::tests` compares both kernels with the decoded rows
+//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)); `super::tests` compares both kernels with the decoded rows
 //! through `gemm_rows`.
 
 use super::{Block, PREFETCH_ROWS, QK, Weights, hsum, prefetch_row};
+use crate::x86::avx512::{high, low};
 use std::arch::x86_64::*;
-
-pub(in crate::x86) use crate::x86::attn::avx512_enabled as enabled;
-
-/// The high 256-bit half of `x`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn high(x: __m512) -> __m256 {
-    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)))
-}
 
 /// Eight f32 from `p` in both 256-bit halves (a broadcast load).
 ///
@@ -104,7 +96,7 @@ fn pair_lanes(fmt: Block, a: &[u8], b: &[u8]) -> [__m512; 4] {
 /// [`super::gemm_blocks_n`]: `y[t·stride + r] ← w_r·x_t` for `T` tokens.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`]).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn gemm_blocks_n<const T: usize>(
     fmt: Block,
@@ -140,7 +132,7 @@ pub(super) unsafe fn gemm_blocks_n<const T: usize>(
             }
         }
         for (t, a) in acc.iter().enumerate() {
-            y[t * stride + r] = hsum(_mm512_castps512_ps256(*a));
+            y[t * stride + r] = hsum(low(*a));
             y[t * stride + r + 1] = hsum(high(*a));
         }
     }
