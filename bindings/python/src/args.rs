@@ -89,13 +89,13 @@ fn message(i: usize, m: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
         };
         return Ok(ChatMessage::new(get("role")?, get("content")?));
     }
-    if let Ok(t) = m.cast::<PyTuple>() {
-        if t.len() == 2 {
-            return Ok(ChatMessage::new(
-                field(t.get_item(0)?, "role")?,
-                field(t.get_item(1)?, "content")?,
-            ));
-        }
+    if let Ok(t) = m.cast::<PyTuple>()
+        && t.len() == 2
+    {
+        return Ok(ChatMessage::new(
+            field(t.get_item(0)?, "role")?,
+            field(t.get_item(1)?, "content")?,
+        ));
     }
     Err(PyTypeError::new_err(format!(
         "message {i} must be a {{\"role\": ..., \"content\": ...}} dict or a (role, content) tuple"

@@ -563,7 +563,8 @@ fn weighted_passes(p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
     }
 }
 
-/// [`weighted_pass`] on f32 rows: on AVX-512F where [`crate::x86::avx512::enabled`] (the same bits).
+/// [`weighted_pass`] on f32 rows: on AVX-512F where [`crate::x86::avx512::enabled`]
+/// (the same bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn weighted_pass_f32(p: &[f32], stride: usize, r: F32Rows<'_>, o: &mut [f32]) {
     if crate::x86::avx512::enabled() {
@@ -725,9 +726,9 @@ mod tests {
 
     /// The AVX-512F kernels give the AVX2 kernels' bits on rows of every stored type:
     /// scores for every head size they take, 1 to 9 vectors, blocks of 8 rows and
-    /// partial ones (whose unused pair slots re-read the last row); weighted sums for head sizes with and without
-    /// 16- and 8-column tails, 1 to `MAX_VECS` outputs; values of mixed magnitudes, so a
-    /// different order of any addition would show.
+    /// partial ones (whose unused pair slots re-read the last row); weighted sums for
+    /// head sizes with and without 16- and 8-column tails, 1 to `MAX_VECS` outputs;
+    /// values of mixed magnitudes, so a different order of any addition would show.
     #[test]
     fn avx512_matches_avx2_bits() {
         if !crate::x86::avx512::enabled() {

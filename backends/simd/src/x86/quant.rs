@@ -569,10 +569,10 @@ mod tests {
     use crate::x86::dot::gemm_rows;
 
     /// `gemm_blocks` bit for bit the decoded rows through `gemm_rows` (its docs' claim),
-    /// on the kernel it dispatches to (AVX-512F for an even token count where the CPU
-    /// has it) and on the AVX2 kernel, for each of its formats, every token count it takes, row counts around the
-    /// prefetch distance; `false` and nothing written for one token, nine, or another
-    /// format.
+    /// on the kernel it dispatches to (AVX-512F where the CPU has it) and on the AVX2
+    /// kernel, for each of its formats, every token count it takes, row counts around the
+    /// prefetch distance (odd ones: the twin's last row alone); `false` and nothing
+    /// written for one token, nine, or another format.
     #[test]
     fn gemm_blocks_is_the_decoded_rows_through_gemm_rows() {
         assert!(

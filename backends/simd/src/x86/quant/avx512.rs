@@ -5,8 +5,8 @@
 //! `d·q` and `+ m` per weight as [`Block::lanes`] and [`Block::weights`]), and each
 //! half of an accumulator is the AVX2 kernel's 8-lane chain for its row and token, summed
 //! by the same [`hsum`]. An odd last row takes the AVX2 kernel. Used where the CPU has
-//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)); `super::tests` compares both kernels with the decoded rows
-//! through `gemm_rows`.
+//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)); `super::tests` compares both
+//! kernels with the decoded rows through `gemm_rows`.
 
 use super::{Block, PREFETCH_ROWS, QK, Weights, hsum, prefetch_row};
 use crate::x86::avx512::{high, low};
