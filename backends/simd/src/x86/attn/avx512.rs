@@ -17,7 +17,7 @@
 
 use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, lane_sums, weighted_from};
 use crate::x86::avx512::{both, high, low, pair};
-use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
+use kvcore::kv::Q8_0_BLOCK;
 use std::arch::x86_64::*;
 
 /// The first `m ≤ 8` scores of `s` to `dst` (a whole block in one store).
@@ -152,11 +152,9 @@ impl Rows16 for Q8Rows<'_> {
         // quants from `j % 32` lie in block `j / 32` of row `t`. Each value is the one
         // rounded product `d · q` of the AVX2 load and of the reference.
         unsafe {
-            let b: *const BlockQ8_0 = self.0.at(t, j / Q8_0_BLOCK);
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits()))));
-            let qs = std::ptr::addr_of!((*b).qs).cast::<i8>().add(j % Q8_0_BLOCK);
-            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast()));
-            _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(d))
+            let (qs, d) = self.block(t, j);
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(j % Q8_0_BLOCK).cast()));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q), both(d))
         }
     }
     #[inline(always)]
@@ -166,13 +164,8 @@ impl Rows16 for Q8Rows<'_> {
         // share a 16-byte register, widened and converted together, each multiplied by
         // its own row's scale: the one rounded product `d · q` of `load32`.
         unsafe {
-            let block = |t: usize| {
-                let b: *const BlockQ8_0 = self.0.at(t, j / Q8_0_BLOCK);
-                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits()))));
-                (std::ptr::addr_of!((*b).qs).cast::<i8>(), d)
-            };
-            let ((qt, dt), (qu, du)) = (block(t), block(u));
-            let d = pair(_mm256_set1_ps(dt), _mm256_set1_ps(du));
+            let ((qt, dt), (qu, du)) = (self.block(t, j), self.block(u, j));
+            let d = pair(dt, du);
             let f = |k: usize| {
                 let q = _mm_unpacklo_epi64(
                     _mm_loadl_epi64(qt.add(8 * k).cast()),
