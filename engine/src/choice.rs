@@ -2,8 +2,8 @@
 //! as a CLI flag, a C string or a Python keyword names them.
 
 use kvcore::model::Activations;
-use kvcore::model::Llama;
-use kvcore::{Backend, DenseKv, KvError, KvStore, KvType};
+use kvcore::model::{Llama, ModelError};
+use kvcore::{Backend, DenseKv, KvStore, KvType};
 use std::fmt;
 use std::str::FromStr;
 
@@ -87,10 +87,16 @@ impl KvChoice {
         model: &Llama<B>,
         max_ctx: usize,
         types: (KvType, KvType),
-    ) -> Result<Box<dyn KvStore>, KvError> {
+    ) -> Result<Box<dyn KvStore>, ModelError> {
         Ok(match self {
             KvChoice::Grow => model.new_kv_with_types(max_ctx, types)?,
-            KvChoice::Dense => Box::new(DenseKv::with_types(model.kv_geometry(), max_ctx, types)?),
+            KvChoice::Dense => {
+                let kv = DenseKv::with_types(model.kv_geometry(), max_ctx, types)?;
+                match types.0 {
+                    KvType::Q8_0 => Box::new(kv.with_key_offsets(model.key_offsets(max_ctx)?)?),
+                    _ => Box::new(kv),
+                }
+            }
         })
     }
 }

@@ -18,6 +18,7 @@
 
 use kvcore::gguf::GgufFile;
 use kvcore::model::Llama;
+use kvcore::session::file::VERSION;
 use kvcore::{GrowKv, KvStore, Session};
 use kvcore_scalar::Scalar;
 use kvcore_test_support::session::{reseal, snapshot, with_fingerprint};
@@ -95,7 +96,7 @@ fn restore_and_check(file: &[u8], fx: &Fixture) {
             let mut again = Vec::new();
             s.write_to(&fx.model, &meta, &mut again)
                 .expect("a restored session saves");
-            if file.get(8..12) == Some(&1u32.to_le_bytes()[..]) {
+            if file.get(8..12) != Some(&VERSION.to_le_bytes()[..]) {
                 let mut back = fx.base.fork().expect("a fork of the base session");
                 back.restore_from(&fx.model, &again[..], again.len() as u64, |_| Ok(()))
                     .expect("a version-1 file rewritten loads");

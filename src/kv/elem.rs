@@ -13,7 +13,7 @@
 //! | `f32` | `f32` | 4 | exact |
 //! | `f16` | IEEE half | 2 | round to nearest even (`half::f16::from_f32`); beyond ±65504 → ±∞ |
 //! | `bf16` | bfloat16 | 2 | round to nearest even (`half::bf16::from_f32`), NaN kept NaN |
-//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), then llama.cpp's `Q8_0` of `y` per block of 32: `d = amax/127` stored as f16, `q_j = round_ties_even(y_j / d)`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`) |
+//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`) |
 //!
 //! A `q8_0` block stores `f32(d) · q_j ≈ (H x)_j`, decoded exactly as GGUF's `Q8_0`
 //! weights (the kernels use the same dequantisers for both); attention rotates the query
@@ -26,7 +26,7 @@ use half::{bf16, f16};
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 
 use super::mem::Mem;
-use super::{Gate, KvError, KvRows, KvType};
+use super::{Gate, KeyOffsets, KvError, KvRows, KvType};
 use crate::backend::q8;
 
 /// One `q8_0` block, llama.cpp's 34-byte `block_q8_0` layout (the scale `d` as f16, then
@@ -45,15 +45,33 @@ pub struct BlockQ8_0 {
 pub const Q8_0_BLOCK: usize = 32;
 
 impl BlockQ8_0 {
-    /// Quantises 32 values as llama.cpp's `Q8_0` (no rotation: [`encode_q8_0`] rotates
-    /// first).
+    /// Quantises 32 values in llama.cpp's `Q8_0` layout (no rotation: [`encode_q8_0`]
+    /// rotates first), the quants rounded against the scale as stored.
     pub fn encode(x: &[f32]) -> BlockQ8_0 {
         let mut qs = [0i8; 32];
-        let d = q8::quantize_block(&x[..Q8_0_BLOCK], &mut qs);
-        BlockQ8_0 {
-            d: f16::from_f32(d),
-            qs,
+        let x = &x[..Q8_0_BLOCK];
+        let d = q8::quantize_block(x, &mut qs);
+        let d16 = f16::from_f32(d);
+        // The quants against the scale as stored: `d` rounded to f16 scales every value
+        // of the block by the same factor (up to 1 ± 2⁻¹²), one error all 32 share;
+        // quantising with the stored scale itself (rounded up so that `amax` stays
+        // within ±127) leaves each value only its own rounding.
+        let mut ds = d16.to_f32();
+        if ds.is_finite() && ds > 0.0 {
+            if ds < d {
+                ds = f16::from_bits(d16.to_bits() + 1).to_f32();
+            }
+            if ds.is_finite() {
+                for (q, &v) in qs.iter_mut().zip(x) {
+                    *q = (v / ds).round_ties_even().clamp(-127.0, 127.0) as i8;
+                }
+                return BlockQ8_0 {
+                    d: f16::from_f32(ds),
+                    qs,
+                };
+            }
         }
+        BlockQ8_0 { d: d16, qs }
     }
 
     /// The 32 stored values `f32(d) · q_j` (in a store, of the rotated head).
@@ -120,6 +138,15 @@ pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
     let mut y = x.to_vec();
     hadamard(&mut y, rotation_len(head_dim));
     y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect()
+}
+
+/// Where the key rows a store encodes sit, when it has key offsets (`kv/offsets.rs`):
+/// row `t` is position `pos + t` of the model's layer `layer`.
+#[derive(Clone, Copy)]
+pub(super) struct KeyShift<'a> {
+    pub offsets: &'a KeyOffsets,
+    pub layer: usize,
+    pub pos: usize,
 }
 
 /// Rows of one element type, `[rows][units per row]`, with the typed storage behind it.
@@ -204,8 +231,15 @@ impl Buf {
     }
 
     /// Encodes `rows: [n, kv_dim]` f32 (any strides) of heads of `head_dim` into rows
-    /// `at .. at + n`.
-    pub(super) fn encode(&mut self, at: usize, rows: ArrayView2<'_, f32>, head_dim: usize) {
+    /// `at .. at + n`; `q8_0` keys with a `shift` are stored less their block's rotated
+    /// key offset (`Q8_0(H k − t_b)`, `kv/offsets.rs`).
+    pub(super) fn encode(
+        &mut self,
+        at: usize,
+        rows: ArrayView2<'_, f32>,
+        head_dim: usize,
+        shift: Option<KeyShift<'_>>,
+    ) {
         let (n, kv_dim) = rows.dim();
         let span = at * self.units..(at + n) * self.units;
         match &mut self.data {
@@ -226,9 +260,17 @@ impl Buf {
                 let n_rot = rotation_len(head_dim);
                 let mut y = vec![0f32; kv_dim];
                 let mut out = d[span].iter_mut();
-                for row in rows.axis_iter(Axis(0)) {
+                for (t, row) in rows.axis_iter(Axis(0)).enumerate() {
                     y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
                     hadamard(&mut y, n_rot);
+                    if let Some(s) = shift {
+                        for (h, head) in y.chunks_exact_mut(head_dim).enumerate() {
+                            let t_b = s.offsets.rotated(s.layer, s.pos + t, h).expect(
+                                "the store checked its offsets cover its layers and max_ctx",
+                            );
+                            head.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
+                        }
+                    }
                     // The blocks first: `zip` must not take an output it will not fill.
                     for (block, o) in y.chunks_exact(Q8_0_BLOCK).zip(out.by_ref()) {
                         *o = BlockQ8_0::encode(block);

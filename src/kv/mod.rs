@@ -51,6 +51,7 @@ mod dense;
 mod elem;
 mod grow;
 mod mem;
+mod offsets;
 mod paged;
 mod rows;
 mod view;
@@ -59,6 +60,7 @@ mod window;
 pub use dense::DenseKv;
 pub use elem::{BlockQ8_0, Q8_0_BLOCK, encode_q8_0, hadamard, rotation_len};
 pub use grow::GrowKv;
+pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
 pub use view::{KvRows, KvSegment, KvView};
 pub use window::WindowKv;
@@ -204,6 +206,12 @@ impl fmt::Display for KvType {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum KvError {
+    /// Key offsets that cannot be built or do not fit the store (`kv/offsets.rs`).
+    #[error("key offsets: {reason}")]
+    KeyOffsets {
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A position at or past the store's hard ceiling was asked for.
     #[error("context overflow: position {pos} does not fit in a context of {max_ctx} positions")]
     ContextOverflow {
@@ -456,6 +464,12 @@ pub trait KvStore: Send {
     /// `truncate(n ≥ len)` always succeed.
     fn truncate(&mut self, n: usize) -> Result<(), KvError>;
 
+    /// The key offsets this store's `q8_0` keys are kept less of (`kv/offsets.rs`), or
+    /// `None` (the default): keys are stored as they come. State files record them.
+    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        None
+    }
+
     /// Drops every position; capacity is kept. Discards an open append first.
     fn clear(&mut self) {
         // `truncate(0)` cannot fail (see its contract).
@@ -546,6 +560,9 @@ impl KvStore for Box<dyn KvStore> {
     }
     fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
         (**self).write_stored(layer, k, v)
+    }
+    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        (**self).key_offsets()
     }
     fn commit(&mut self) -> Result<(), KvError> {
         (**self).commit()

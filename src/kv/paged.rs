@@ -77,11 +77,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ndarray::{ArrayView2, Axis, Slice};
 use sha2::{Digest, Sha256};
 
-use super::elem::Buf;
+use super::elem::{Buf, KeyShift};
 use super::rows::checked_size;
 use super::{
-    AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
-    check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+    check_begin, check_complete, check_rows, check_stored,
 };
 
 /// A chained block hash (see the header of `src/kv/paged.rs`).
@@ -238,6 +238,8 @@ struct Shared {
     account: Arc<Account>,
     cache: Mutex<Cache>,
     gate: Mutex<Gate>,
+    /// Key offsets (`kv/offsets.rs`) every sequence's keys are kept less of.
+    key_offsets: Option<Arc<KeyOffsets>>,
 }
 
 /// A pool of KV blocks that many [`PagedKv`] sequences draw from, with a prefix cache
@@ -283,13 +285,36 @@ impl KvPool {
                 account: Arc::default(),
                 cache: Mutex::default(),
                 gate: Mutex::default(),
+                key_offsets: None,
             }),
         })
+    }
+
+    /// The same new pool keeping every sequence's `q8_0` keys less `offsets`
+    /// (`kv/offsets.rs`; a model's come from
+    /// [`Llama::key_offsets`](crate::model::Llama::key_offsets)); its sequences' `max_ctx`
+    /// is then at most the positions the offsets cover.
+    ///
+    /// # Errors
+    /// [`KvError::KeyOffsets`] when the pool has another handle already (a sequence or a
+    /// clone), its keys are not `q8_0` or the offsets' geometry is not the pool's.
+    pub fn with_key_offsets(mut self, offsets: Arc<KeyOffsets>) -> Result<KvPool, KvError> {
+        let Some(shared) = Arc::get_mut(&mut self.shared) else {
+            return Err(KvError::KeyOffsets {
+                reason: "key offsets are set on a new pool",
+            });
+        };
+        offsets.check_store(shared.geometry, offsets.max_ctx(), shared.types.0)?;
+        shared.key_offsets = Some(offsets);
+        Ok(self)
     }
 
     /// An empty sequence of at most `max_ctx` positions drawing blocks from this pool.
     pub fn sequence(&self, max_ctx: usize) -> Result<PagedKv, KvError> {
         checked_size(&self.shared.geometry, max_ctx, self.shared.types)?;
+        if let Some(o) = &self.shared.key_offsets {
+            o.check_store(self.shared.geometry, max_ctx, self.shared.types.0)?;
+        }
         Ok(PagedKv {
             pool: self.clone(),
             max_ctx,
@@ -602,6 +627,10 @@ impl KvStore for PagedKv {
         self.pool.shared.geometry
     }
 
+    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        self.pool.shared.key_offsets.as_ref()
+    }
+
     fn kv_types(&self) -> (KvType, KvType) {
         self.pool.shared.types
     }
@@ -658,7 +687,11 @@ impl KvStore for PagedKv {
             )?);
             start += n;
         }
-        KvView::new(g.n_kv_heads, g.head_dim, segments)
+        let view = KvView::new(g.n_kv_heads, g.head_dim, segments)?;
+        match &self.pool.shared.key_offsets {
+            Some(o) => view.with_key_offsets(o, layer),
+            None => Ok(view),
+        }
     }
 
     fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
@@ -721,10 +754,20 @@ impl KvStore for PagedKv {
         let (_, n) = self.open_append(layer)?;
         check_rows(n, self.pool.shared.kv_dim, &k, &v)?;
         let head_dim = self.pool.shared.geometry.head_dim;
+        let (pool, at) = (self.pool.clone(), self.pending.as_ref().map_or(0, |p| p.at));
         self.write_runs(layer, |block, row, t0, t1| {
             let s = Slice::from(t0..t1);
-            block.k.encode(row, k.slice_axis(Axis(0), s), head_dim);
-            block.v.encode(row, v.slice_axis(Axis(0), s), head_dim);
+            let shift = pool.shared.key_offsets.as_deref().map(|offsets| KeyShift {
+                offsets,
+                layer,
+                pos: at + t0,
+            });
+            block
+                .k
+                .encode(row, k.slice_axis(Axis(0), s), head_dim, shift);
+            block
+                .v
+                .encode(row, v.slice_axis(Axis(0), s), head_dim, None);
         });
         Ok(())
     }

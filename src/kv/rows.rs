@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
-use super::elem::Buf;
+use super::elem::{Buf, KeyShift};
 use super::{
-    AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView, check_begin,
-    check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView,
+    check_begin, check_complete, check_rows, check_stored,
 };
 
 /// K and V rows of every layer with a live capacity; see the module docs.
@@ -47,6 +47,8 @@ pub(super) struct Rows {
     v: Buf,
     gate: Gate,
     pending: Option<Pending>,
+    /// Key offsets (`kv/offsets.rs`) and the model layer of each of these layers.
+    key_offsets: Option<(Arc<KeyOffsets>, Vec<usize>)>,
 }
 
 /// An open append.
@@ -105,7 +107,18 @@ impl Rows {
             v: Buf::zeroed(types.1, kv_dim, rows, &None)?,
             gate: None,
             pending: None,
+            key_offsets: None,
         })
+    }
+
+    /// Encodes keys less `offsets` from now on, layer `l` of this store being the
+    /// model's layer `layers[l]` (checked by the caller against the store).
+    pub(super) fn set_key_offsets(&mut self, offsets: Arc<KeyOffsets>, layers: Vec<usize>) {
+        self.key_offsets = Some((offsets, layers));
+    }
+
+    pub(super) fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        self.key_offsets.as_ref().map(|(o, _)| o)
     }
 
     pub(super) fn set_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
@@ -173,7 +186,11 @@ impl Rows {
         let at = self.offset(self.cap, layer, 0);
         let keys = self.k.view(at, rows, h);
         let values = self.v.view(at, rows, h);
-        KvView::new(h, d, vec![KvSegment::new(0, keys, values)?])
+        let view = KvView::new(h, d, vec![KvSegment::new(0, keys, values)?])?;
+        match &self.key_offsets {
+            Some((o, layers)) => view.with_key_offsets(o, layers[layer]),
+            None => Ok(view),
+        }
     }
 
     pub(super) fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
@@ -246,12 +263,17 @@ impl Rows {
         k: ArrayView2<'_, f32>,
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError> {
-        let (_, n) = self.open_append(layer)?;
+        let (at, n) = self.open_append(layer)?;
         check_rows(n, self.kv_dim, &k, &v)?;
         let dst = self.prepare_write(layer);
         let head_dim = self.geometry.head_dim;
-        self.k.encode(dst, k, head_dim);
-        self.v.encode(dst, v, head_dim);
+        let shift = self.key_offsets.as_ref().map(|(o, layers)| KeyShift {
+            offsets: o,
+            layer: layers[layer],
+            pos: at,
+        });
+        self.k.encode(dst, k, head_dim, shift);
+        self.v.encode(dst, v, head_dim, None);
         Ok(())
     }
 
@@ -322,7 +344,12 @@ impl Rows {
             v,
             gate: self.gate.clone(),
             pending: None,
-            ..*self
+            key_offsets: self.key_offsets.clone(),
+            geometry: self.geometry,
+            kv_dim: self.kv_dim,
+            max_ctx: self.max_ctx,
+            cap: self.cap,
+            len: self.len,
         })
     }
 }
@@ -451,6 +478,35 @@ macro_rules! forward_store {
             }
             fn fork_boxed(&self) -> Result<Box<dyn $crate::kv::KvStore>, $crate::kv::KvError> {
                 Ok(Box::new(Self(self.0.fork()?)))
+            }
+            fn key_offsets(&self) -> Option<&std::sync::Arc<$crate::kv::KeyOffsets>> {
+                self.0.key_offsets()
+            }
+        }
+
+        impl $store {
+            /// The same empty store keeping its `q8_0` keys less `offsets`
+            /// (`kv/offsets.rs`; a model's come from
+            /// [`Llama::key_offsets`](crate::model::Llama::key_offsets)).
+            ///
+            /// # Errors
+            /// [`KvError::KeyOffsets`](crate::kv::KvError::KeyOffsets) when the store holds
+            /// positions, its keys are not `q8_0`, or the offsets do not fit its geometry
+            /// or cover its `max_ctx`.
+            pub fn with_key_offsets(
+                mut self,
+                offsets: std::sync::Arc<$crate::kv::KeyOffsets>,
+            ) -> Result<Self, $crate::kv::KvError> {
+                use $crate::kv::KvStore;
+                if !self.is_empty() || self.0.is_open() {
+                    return Err($crate::kv::KvError::KeyOffsets {
+                        reason: "key offsets are set on an empty store",
+                    });
+                }
+                offsets.check_store(self.geometry(), self.max_ctx(), self.kv_types().0)?;
+                let layers = (0..self.geometry().n_layers).collect();
+                self.0.set_key_offsets(offsets, layers);
+                Ok(self)
             }
         }
     };

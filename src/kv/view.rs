@@ -21,7 +21,7 @@ use ndarray::{ArrayView3, Axis, Slice};
 
 use half::{bf16, f16};
 
-use super::{BlockQ8_0, KvError, KvType, Q8_0_BLOCK};
+use super::{BlockQ8_0, KeyOffsets, KvError, KvType, Q8_0_BLOCK};
 use crate::backend::Mask;
 
 /// One layer's keys or values for a run of slots, `[slots, n_kv_heads, units per head]`,
@@ -240,6 +240,8 @@ pub struct KvView<'a> {
     n_kv_heads: usize,
     head_dim: usize,
     segments: Vec<KvSegment<'a>>,
+    /// The store's key offsets, its layer, and the first KV head of this view.
+    key_offsets: Option<(&'a KeyOffsets, usize, usize)>,
 }
 
 impl<'a> KvView<'a> {
@@ -291,7 +293,53 @@ impl<'a> KvView<'a> {
             n_kv_heads,
             head_dim,
             segments,
+            key_offsets: None,
         })
+    }
+
+    /// The same view with its `q8_0` keys stored less the key offsets of `layer`
+    /// (`kv/offsets.rs`): attention adds [`key_offset`](Self::key_offset) back to each
+    /// key it reads.
+    ///
+    /// Errors with [`KvError::KeyOffsets`] when the keys are not `q8_0`, the head shape
+    /// is not the offsets', `layer` is not one of theirs, or a position held lies past
+    /// what they cover.
+    pub fn with_key_offsets(
+        mut self,
+        offsets: &'a KeyOffsets,
+        layer: usize,
+    ) -> Result<Self, KvError> {
+        let g = offsets.geometry();
+        let reason = if self.kv_types().is_some_and(|t| t.0 != KvType::Q8_0) {
+            "key offsets need q8_0 keys"
+        } else if (self.n_kv_heads, self.head_dim) != (g.n_kv_heads, g.head_dim) {
+            "the offsets' heads are not the view's"
+        } else if layer >= g.n_layers {
+            "the offsets have no such layer"
+        } else if self.span().end > offsets.max_ctx() {
+            "the offsets cover fewer positions than the view holds"
+        } else {
+            self.key_offsets = Some((offsets, layer, 0));
+            return Ok(self);
+        };
+        Err(KvError::KeyOffsets { reason })
+    }
+
+    /// Whether the keys are stored less key offsets ([`with_key_offsets`](Self::with_key_offsets)).
+    pub fn has_key_offsets(&self) -> bool {
+        self.key_offsets.is_some()
+    }
+
+    /// The rotated key offset `t_b` (`head_dim` values, `kv/offsets.rs`) that the stored
+    /// key of KV head `kvh` at position `pos` lacks, or `None` for a view without key
+    /// offsets (or a position or head it does not hold). Constant over each block of
+    /// [`KEY_OFFSET_BLOCK`](super::KEY_OFFSET_BLOCK) positions.
+    pub fn key_offset(&self, pos: usize, kvh: usize) -> Option<&'a [f32]> {
+        let (offsets, layer, kvh0) = self.key_offsets?;
+        if kvh >= self.n_kv_heads {
+            return None;
+        }
+        offsets.rotated(layer, pos, kvh0 + kvh)
     }
 
     /// One segment of f32 rows at positions `0 .. len`: `keys`, `values`:
@@ -366,6 +414,7 @@ impl<'a> KvView<'a> {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             segments,
+            key_offsets: self.key_offsets,
         }
     }
 
@@ -395,6 +444,9 @@ impl<'a> KvView<'a> {
                 .iter()
                 .map(|s| s.heads(heads.clone()))
                 .collect(),
+            key_offsets: self
+                .key_offsets
+                .map(|(o, layer, kvh0)| (o, layer, kvh0 + heads.start)),
         }
     }
 }

@@ -53,11 +53,11 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
-use super::elem::Buf;
+use super::elem::{Buf, KeyShift};
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
-    AllocGate, Gate, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView, check_begin,
-    check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+    check_begin, check_complete, check_rows, check_stored,
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
@@ -103,6 +103,8 @@ pub struct WindowKv {
     rings: Vec<Ring>,
     gate: Gate,
     pending: Option<Pending>,
+    /// Key offsets (`kv/offsets.rs`), also given to `global`.
+    key_offsets: Option<Arc<KeyOffsets>>,
 }
 
 /// Where a layer's rows live.
@@ -260,7 +262,30 @@ impl WindowKv {
             rings,
             gate: None,
             pending: None,
+            key_offsets: None,
         })
+    }
+
+    /// The same empty store keeping its `q8_0` keys less `offsets` (`kv/offsets.rs`; a
+    /// model's come from [`Llama::key_offsets`](crate::model::Llama::key_offsets)).
+    ///
+    /// # Errors
+    /// [`KvError::KeyOffsets`] when the store holds positions, its keys are not `q8_0`,
+    /// or the offsets do not fit its geometry or cover its `max_ctx`.
+    pub fn with_key_offsets(mut self, offsets: Arc<KeyOffsets>) -> Result<Self, KvError> {
+        if self.len > 0 || self.pending.is_some() || self.global.is_open() {
+            return Err(KvError::KeyOffsets {
+                reason: "key offsets are set on an empty store",
+            });
+        }
+        offsets.check_store(self.geometry, self.max_ctx, self.types.0)?;
+        let layers = (self.map.iter().enumerate())
+            .filter(|(_, l)| matches!(l, Layer::Global(_)))
+            .map(|(layer, _)| layer)
+            .collect();
+        self.global.set_key_offsets(offsets.clone(), layers);
+        self.key_offsets = Some(offsets);
+        Ok(self)
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -423,7 +448,11 @@ impl WindowKv {
             self.push_segments(&mut segments, &s.k, &s.v, [run].into_iter())?;
         }
         let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
-        KvView::new(h, d, segments)
+        let view = KvView::new(h, d, segments)?;
+        match &self.key_offsets {
+            Some(o) => view.with_key_offsets(o, layer),
+            None => Ok(view),
+        }
     }
 
     /// [`KvStore::write`] and [`KvStore::write_stored`]: a global layer's rows go to the
@@ -480,8 +509,13 @@ impl WindowKv {
         }
         match rows_in {
             Incoming::F32(k, v) => {
-                s.k.encode(0, k, geometry.head_dim);
-                s.v.encode(0, v, geometry.head_dim);
+                let shift = self.key_offsets.as_deref().map(|offsets| KeyShift {
+                    offsets,
+                    layer,
+                    pos: s.first,
+                });
+                s.k.encode(0, k, geometry.head_dim, shift);
+                s.v.encode(0, v, geometry.head_dim, None);
             }
             Incoming::Stored(k, v) => {
                 s.k.assign(0, k);
@@ -688,8 +722,13 @@ impl KvStore for WindowKv {
             rings,
             gate: self.gate.clone(),
             pending: None,
+            key_offsets: self.key_offsets.clone(),
             ..*self
         })
+    }
+
+    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        self.key_offsets.as_ref()
     }
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {

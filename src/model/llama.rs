@@ -49,10 +49,11 @@
 use super::{FfnActivation, LlamaConfig, ModelError};
 use crate::backend::{AttnJob, AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
-use crate::kv::{Append, GrowKv, KvError, KvGeometry, KvStore, KvType, WindowKv};
+use crate::kv::{Append, GrowKv, KeyOffsets, KvError, KvGeometry, KvStore, KvType, WindowKv};
 use ndarray::{Array2, Axis, s};
 use std::cell::OnceCell;
 use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// Which rows of logits a forward pass computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +160,36 @@ pub struct Llama<B: Backend> {
     output: MatRef,        // [vocab, d_model]
     blocks: Vec<Block>,
     activations: Activations,
+    /// The pre-RoPE mean keys of [`key_offsets`](Self::key_offsets), calibrated on first
+    /// use.
+    key_means: OnceLock<Vec<f32>>,
+    /// The last key offsets built, shared by the stores that fit them.
+    key_offsets: Mutex<Option<Arc<KeyOffsets>>>,
 }
+
+/// The text [`Llama::key_offsets`] calibrates the mean keys on (plain English prose,
+/// written for kvcore; any ordinary text serves, `kv/offsets.rs`).
+const CALIBRATION_TEXT: &str = "The old harbour town wakes slowly. Before the sun clears \
+the hills, the fishing boats are already coming back, their engines low, gulls circling \
+the nets that hang from the masts. On the quay a baker sets out bread still warm from the \
+oven, and the first customers, mostly sailors and a few early walkers, stand in line and \
+talk about the weather. It rained for most of the week, and the river that runs through \
+the middle of the town is high and brown. Children cross the stone bridge on their way to \
+school, stopping to throw sticks into the water and race to the other side to watch them \
+come out. By nine the market square is full. Farmers from the valley sell cheese, apples \
+and honey; a woman with a small cart offers knives sharpened while you wait. The town \
+hall clock, which has been five minutes slow for as long as anyone can remember, strikes \
+the hour, and nobody looks up. In the library the librarian opens the windows to let in \
+the smell of the sea and begins sorting the books that came back yesterday: a history of \
+the lighthouse, two novels, a guide to mushrooms, and a children's book about a cat who \
+sails around the world. Later, when the tide turns, the boats will go out again, and the \
+town will settle into the quiet of the afternoon, waiting for the evening, when the \
+lamps along the harbour wall are lit one by one and the cafes fill with people who have \
+nowhere in particular to be.";
+
+/// Positions of the calibration text left out of the mean keys: the first token's key
+/// is an outlier (an attention sink) in most models.
+const CALIBRATION_SKIP: usize = 1;
 
 impl<B: Backend> Llama<B> {
     /// Binds the tensors of a GGUF file of a supported architecture, checking every shape
@@ -241,6 +271,8 @@ impl<B: Backend> Llama<B> {
             output,
             blocks,
             activations: Activations::F32,
+            key_means: OnceLock::new(),
+            key_offsets: Mutex::new(None),
         })
     }
 
@@ -291,26 +323,104 @@ impl<B: Backend> Llama<B> {
     /// Both give bitwise the logits of a [`DenseKv`](crate::kv::DenseKv) (the reference,
     /// which keeps every position and relies on the masks).
     pub fn new_kv(&self, max_ctx: usize) -> Result<Box<dyn KvStore>, KvError> {
-        self.new_kv_with_types(max_ctx, (KvType::F32, KvType::F32))
+        let windows = self.config.windows();
+        let g = self.kv_geometry();
+        Ok(if windows.iter().all(Option::is_none) {
+            Box::new(GrowKv::new(g, max_ctx)?)
+        } else {
+            Box::new(WindowKv::new(g, max_ctx, &windows)?)
+        })
     }
 
     /// [`new_kv`](Self::new_kv) keeping K rows in `types.0` and V rows in `types.1`
     /// (`kv/elem.rs` states each type's encoding; attention reads them in place).
+    /// `q8_0` keys are kept less this model's [`key_offsets`](Self::key_offsets).
     ///
-    /// Errors: as [`new_kv`](Self::new_kv), and [`KvError::BlockShape`] when a type's
-    /// blocks do not divide the head size.
+    /// Errors: as [`new_kv`](Self::new_kv), [`KvError::BlockShape`] when a type's blocks
+    /// do not divide the head size, and the calibration's errors.
     pub fn new_kv_with_types(
         &self,
         max_ctx: usize,
         types: (KvType, KvType),
-    ) -> Result<Box<dyn KvStore>, KvError> {
+    ) -> Result<Box<dyn KvStore>, ModelError> {
         let windows = self.config.windows();
         let g = self.kv_geometry();
+        // The types' own check (blocks within a head) before any calibration.
+        types.0.check_head_dim(g.head_dim)?;
+        types.1.check_head_dim(g.head_dim)?;
+        let offsets = match types.0 {
+            KvType::Q8_0 => Some(self.key_offsets(max_ctx)?),
+            _ => None,
+        };
         Ok(if windows.iter().all(Option::is_none) {
-            Box::new(GrowKv::with_types(g, max_ctx, types)?)
+            let kv = GrowKv::with_types(g, max_ctx, types)?;
+            match offsets {
+                Some(o) => Box::new(kv.with_key_offsets(o)?),
+                None => Box::new(kv),
+            }
         } else {
-            Box::new(WindowKv::with_types(g, max_ctx, &windows, types)?)
+            let kv = WindowKv::with_types(g, max_ctx, &windows, types)?;
+            match offsets {
+                Some(o) => Box::new(kv.with_key_offsets(o)?),
+                None => Box::new(kv),
+            }
         })
+    }
+
+    /// Each layer's RoPE.
+    pub fn ropes(&self) -> Vec<Rope> {
+        (self.config.layers.iter())
+            .map(|lc| Rope {
+                base: lc.rope_base,
+                style: self.config.rope_style,
+            })
+            .collect()
+    }
+
+    /// The key offsets this model's `q8_0` key stores keep their keys less of
+    /// (`kv/offsets.rs`), covering at least `max_ctx` positions: the mean pre-RoPE key
+    /// of each layer and KV head over a short calibration text (run once per model, on
+    /// first use, through this model's own forward pass with f32 keys), turned to each
+    /// block of positions. The same model gives the same offsets; stores and pools that
+    /// share them share prefix blocks and state files.
+    ///
+    /// Errors: the calibration pass's (a refused allocation, a kernel's shape error).
+    pub fn key_offsets(&self, max_ctx: usize) -> Result<Arc<KeyOffsets>, ModelError> {
+        let means = match self.key_means.get() {
+            Some(m) => m,
+            None => {
+                let m = self.calibrate_keys()?;
+                self.key_means.get_or_init(|| m)
+            }
+        };
+        let mut cache = self
+            .key_offsets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(o) = cache.as_ref().filter(|o| o.max_ctx() >= max_ctx) {
+            return Ok(o.clone());
+        }
+        let o = KeyOffsets::new(self.kv_geometry(), means.clone(), self.ropes(), max_ctx)?;
+        let o = Arc::new(o);
+        *cache = Some(o.clone());
+        Ok(o)
+    }
+
+    /// The calibration of [`key_offsets`](Self::key_offsets): [`CALIBRATION_TEXT`] through
+    /// the model (its tokenizer's ids; a file without one reads the text's bytes as ids
+    /// modulo the vocabulary), the mean pre-RoPE keys of its positions after the first.
+    fn calibrate_keys(&self) -> Result<Vec<f32>, ModelError> {
+        let vocab = self.config.vocab_size.max(1);
+        let ids: Vec<u32> = match crate::tokenizer::Tokenizer::from_gguf(&self.file) {
+            Ok(t) => t.encode(CALIBRATION_TEXT, crate::tokenizer::Special::Literal),
+            Err(_) => (CALIBRATION_TEXT.bytes())
+                .map(|b| (usize::from(b) % vocab) as u32)
+                .collect(),
+        };
+        let ids = &ids[..ids.len().min(self.config.context_len.max(2))];
+        let mut kv = GrowKv::new(self.kv_geometry(), ids.len())?;
+        self.forward(&mut kv, ids, Logits::None)?;
+        Ok(KeyOffsets::calibrate(&kv, &self.ropes(), CALIBRATION_SKIP)?)
     }
 
     fn weights(&self, m: MatRef) -> Weights<'_> {

@@ -1,17 +1,20 @@
 //! Session files: a [`Session`]'s token ids and KV rows on disk, so a conversation
 //! survives the process (llama.cpp's `--prompt-cache`).
 //!
-//! ## The format (version 2)
+//! ## The format (version 3)
 //! Little-endian throughout; `docs/session-format.md` gives every offset.
 //!
 //! ```text
-//! header  [88]   magic "KVCSESS\0", version u32 = 2, reserved u32 = 0,
+//! header  [88]   magic "KVCSESS\0", version u32 = 3, reserved u32 = 0,
 //!                model fingerprint [32] (SHA-256 of the model file),
 //!                n_layers, n_kv_heads, head_dim: u32 each,
 //!                K type code u8, V type code u8 (KvType::code), reserved u16 = 0,
 //!                n_tokens u64, meta_len u64, n_rows u64 (rows over all layers)
 //! tokens  [n_tokens] u32
 //! meta    [meta_len] bytes            (opaque to kvcore: the application's blob)
+//! offsets n_means u64 (0: no key offsets), then [n_means] f32: the store's key offsets'
+//!                pre-RoPE means [n_layers][n_kv_heads][head_dim] (KeyOffsets::means);
+//!                n_means is 0 or, with q8_0 keys only, n_layers · n_kv_heads · head_dim
 //! layers  [n_layers] of: start u64, count u64, window u64 (0: every position),
 //!                        K rows [count, kv_dim], V rows [count, kv_dim]  (in the K and
 //!                        V types: f32, f16 and bf16 values, q8_0 34-byte blocks)
@@ -25,9 +28,19 @@
 //! [`KvStore::restore_starts`] allows. The windows must be the target store's
 //! ([`SessionError::WindowMismatch`]), so a windowed file never loads into a dense store
 //! or one of other windows, nor the other way round. `n_rows` makes the exact length
-//! follow from the header. Version 1 (an 80-byte header without `n_rows`, layers without
-//! `window`, every layer `0 .. n_tokens`) is still read, as a file of a store without
-//! windows; this build writes version 2 only.
+//! follow from the header, up to the key-offsets section: a file is either that long
+//! (`n_means = 0`) or, with q8_0 keys, longer by exactly `4 · n_layers · kv_dim`.
+//!
+//! The key-offsets section records what a `q8_0` key store keeps its keys less of
+//! ([`KvStore::key_offsets`], `kv/offsets.rs`): its stored key rows mean something only
+//! together with those offsets, so a file loads only into a store with the same offsets,
+//! bit for bit, or into one without offsets when it has none
+//! ([`SessionError::KeyOffsetsMismatch`]).
+//!
+//! Version 2 (no key-offsets section) and version 1 (also an 80-byte header without
+//! `n_rows`, layers without `window`, every layer `0 .. n_tokens`) are still read, as
+//! files of a store without key offsets (version 1: and without windows); this build
+//! writes version 3 only.
 //!
 //! ## Writing
 //! [`Session::save`] streams the header, ids, blob and every layer's rows (taken from the
@@ -39,15 +52,19 @@
 //! [`Session::restore`] streams too (no whole-file buffer), checking in this order, each
 //! failure a [`SessionError`] of its own:
 //! 1. magic, version, reserved fields, element type codes;
-//! 2. the exact length the counts imply (checked arithmetic) against the real length,
+//! 2. the exact length the counts imply (checked arithmetic) against the real length
+//!    (with or without a key-offsets section: its `n_means` comes after the blob),
 //!    before anything sized by a count is allocated;
 //! 3. the model fingerprint, the geometry and the element types against the model and
 //!    the target store;
 //! 4. then one restore append for all positions on the store
 //!    ([`Append::begin_restore`]: a window layer stages only its retained rows, never a
-//!    whole prefill), and as the bytes arrive: every id against the vocabulary, every
-//!    layer's window and span, the rows written one layer at a time, the rows' total
-//!    against `n_rows`; the checksum at the end; the application's check of its blob.
+//!    whole prefill), and as the bytes arrive: every id against the vocabulary; the
+//!    key-offsets section's `n_means` (0 or the geometry's, before anything is sized by
+//!    it) and with it the exact length, then its means against the store's key offsets,
+//!    before any row is written; every layer's window and span, the rows written one
+//!    layer at a time, the rows' total against `n_rows`; the checksum at the end; the
+//!    application's check of its blob.
 //!
 //! Only then is the append committed and the session's ids replaced. Any failure drops
 //! the append, which rolls the store back: the session is exactly as it was. (A flipped
@@ -75,10 +92,11 @@ use crate::model::Llama;
 pub const MAGIC: [u8; 8] = *b"KVCSESS\0";
 
 /// The format version this build writes (and reads).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The oldest version this build reads: version 1, whose layers hold every position
-/// (files of full stores, loadable only into stores without windows).
+/// (files of full stores, loadable only into stores without windows). Versions 1 and 2
+/// have no key-offsets section (files of stores without key offsets).
 pub const OLDEST_VERSION: u32 = 1;
 
 /// Bytes of the fixed header (version 1: 80, without `n_rows`).
@@ -91,6 +109,8 @@ const CHECKSUM_LEN: u64 = 32;
 const LAYER_HEADER_LEN: u64 = 24;
 /// Bytes of a version-1 layer's `start, count`.
 const LAYER_HEADER_LEN_V1: u64 = 16;
+/// Bytes of the key-offsets section's `n_means` (version 3; none before).
+const OFFSETS_HEADER_LEN: u64 = 8;
 /// The shortest possible file: a (version-1) header and the checksum.
 const MIN_LEN: u64 = HEADER_LEN_V1 + CHECKSUM_LEN;
 
@@ -261,6 +281,28 @@ pub enum SessionError {
         /// The rows the layers declare (up to the first layer past `declared`).
         found: u64,
     },
+    /// The key-offsets section's `n_means` is neither 0 nor the header geometry's
+    /// `n_layers · n_kv_heads · head_dim` (only 0 for keys other than q8_0).
+    #[error(
+        "session file: the key-offsets section declares {found} means, it must hold {}",
+        means_allowed(*expected)
+    )]
+    KeyOffsetsLength {
+        /// The file's `n_means`.
+        found: u64,
+        /// The only other count allowed besides 0 (0 when the keys are not q8_0).
+        expected: u64,
+    },
+    /// The file's q8_0 keys were stored less other key offsets than the target store
+    /// keeps its keys less of ([`KvStore::key_offsets`]): the rows would decode to other
+    /// keys. Both must have none, or both the same means bit for bit.
+    #[error("session file does not match the store's key offsets: {}", offsets_mismatch(*file, *store))]
+    KeyOffsetsMismatch {
+        /// Whether the file records key offsets.
+        file: bool,
+        /// Whether the store has key offsets.
+        store: bool,
+    },
     /// The application's check of the stored blob refused it.
     #[error("session file metadata rejected: {reason}")]
     MetaRejected {
@@ -283,6 +325,35 @@ fn path_suffix(path: &Option<PathBuf>) -> String {
 /// `"none"` or the window.
 fn window_name(w: &Option<u64>) -> String {
     w.map_or_else(|| "none (every position)".to_string(), |w| w.to_string())
+}
+
+/// The counts a key-offsets section may declare.
+fn means_allowed(expected: u64) -> String {
+    if expected == 0 {
+        "0 (no key offsets: they exist only for q8_0 keys)".to_string()
+    } else {
+        format!("0 or {expected} (n_layers · n_kv_heads · head_dim)")
+    }
+}
+
+/// Why a file's key offsets are not the store's.
+fn offsets_mismatch(file: bool, store: bool) -> &'static str {
+    match (file, store) {
+        (true, false) => {
+            "the file's q8_0 keys were stored less key offsets, the store keeps its keys \
+             without any (a store made without the model's offsets, e.g. not through \
+             Llama::new_kv_with_types)"
+        }
+        (false, true) => {
+            "the file's q8_0 keys were stored without key offsets, the store keeps its keys \
+             less the model's (a file saved from a store without offsets, or by an older \
+             version of the format)"
+        }
+        _ => {
+            "the file's q8_0 keys were stored less other key offsets than the store's \
+             (saved by another backend or build)"
+        }
+    }
 }
 
 /// Lower-case hex.
@@ -312,10 +383,18 @@ struct Layout {
     n_tokens: usize,
     meta_len: usize,
     n_rows: u64,
-    /// Whether layers record their window (version 2).
+    /// Whether layers record their window (version 2 on).
     windows: bool,
-    /// The exact file length.
+    /// Whether a key-offsets section follows the blob (version 3).
+    offsets: bool,
+    /// The one count of means besides 0 that section may declare: `n_layers · kv_dim`
+    /// with q8_0 keys in version 3, else 0.
+    n_means: usize,
+    /// The exact file length with no key offsets (`n_means = 0`).
     file_len: u64,
+    /// The exact file length with [`n_means`](Self::n_means) means (`file_len` when that
+    /// is 0).
+    file_len_means: u64,
 }
 
 impl Header {
@@ -404,6 +483,9 @@ impl Header {
             },
         };
         let layout = header.layout()?;
+        // Whether the file holds key offsets shows only in its `n_means`, after the blob:
+        // here its length is one of the two the header allows (the same one without q8_0
+        // keys), and the read of `n_means` checks it exactly.
         src.declared = layout.file_len;
         if layout.file_len > len {
             return Err(SessionError::Truncated {
@@ -411,9 +493,9 @@ impl Header {
                 actual: len,
             });
         }
-        if layout.file_len < len {
+        if layout.file_len_means < len {
             return Err(SessionError::TrailingBytes {
-                declared: layout.file_len,
+                declared: layout.file_len_means,
                 actual: len,
             });
         }
@@ -449,15 +531,26 @@ impl Header {
             .checked_mul(position_bytes)
             .and_then(|rows| rows.checked_add(layer_header * u64::from(n_layers)))
             .ok_or(overflow(if v1 { "n_tokens" } else { "n_rows" }))?;
+        let offsets = self.version >= 3;
+        let offsets_header = if offsets { OFFSETS_HEADER_LEN } else { 0 };
         let file_len = self
             .n_tokens
             .checked_mul(4)
-            .and_then(|tokens| tokens.checked_add(header_len + CHECKSUM_LEN))
+            .and_then(|tokens| tokens.checked_add(header_len + CHECKSUM_LEN + offsets_header))
             .ok_or(overflow("n_tokens"))?
             .checked_add(self.meta_len)
             .ok_or(overflow("meta_len"))?
             .checked_add(layer_bytes)
             .ok_or(overflow("n_tokens"))?;
+        // Key offsets exist only for q8_0 keys (`KeyOffsets` refuses other stores).
+        let n_means = if offsets && self.types.0 == KvType::Q8_0 {
+            (kv_dim as u64).checked_mul(u64::from(n_layers))
+        } else {
+            Some(0)
+        };
+        let file_len_means = n_means
+            .and_then(|n| n.checked_mul(4))
+            .and_then(|bytes| file_len.checked_add(bytes));
         // Every buffer is at most the file's length: the counts fit in memory sizes once
         // the file's length does.
         let fits = |n: u64| {
@@ -471,7 +564,13 @@ impl Header {
             meta_len: fits(self.meta_len).ok_or(overflow("meta_len"))?,
             n_rows: self.n_rows,
             windows: !v1,
+            offsets,
+            n_means: n_means
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|_| file_len_means.is_some_and(|l| l <= isize::MAX as u64))
+                .ok_or(overflow("n_means"))?,
             file_len,
+            file_len_means: file_len_means.ok_or(overflow("n_means"))?,
         })
     }
 }
@@ -840,6 +939,22 @@ impl<K: KvStore> Session<K> {
             let view = self.kv.view(layer)?;
             spans.push(span(&self.kv, layer, view.segments(), n)?);
         }
+        let types = self.kv.kv_types();
+        let means: &[f32] = match self.kv.key_offsets() {
+            None => &[],
+            Some(o) => {
+                // Offsets exist only for q8_0 keys of the store's geometry (`KeyOffsets`
+                // checks both); a store that says otherwise could not be read back.
+                if types.0 != KvType::Q8_0
+                    || o.means().len() != geometry.n_layers.saturating_mul(geometry.kv_dim())
+                {
+                    return Err(SessionError::Kv(KvError::KeyOffsets {
+                        reason: "the store's key offsets do not fit its geometry and q8_0 keys",
+                    }));
+                }
+                o.means()
+            }
+        };
         let header = Header {
             version: VERSION,
             n_rows: spans.iter().map(|&(_, count)| count as u64).sum(),
@@ -849,7 +964,7 @@ impl<K: KvStore> Session<K> {
                 dim(geometry.n_kv_heads)?,
                 dim(geometry.head_dim)?,
             ],
-            types: self.kv.kv_types(),
+            types,
             n_tokens: self.tokens.len() as u64,
             meta_len: meta.len() as u64,
         };
@@ -862,6 +977,10 @@ impl<K: KvStore> Session<K> {
             .for_each(|id| ids.extend_from_slice(&id.to_le_bytes()));
         sink.write(&ids).map_err(io)?;
         sink.write(meta).map_err(io)?;
+        sink.write(&(means.len() as u64).to_le_bytes())
+            .map_err(io)?;
+        sink.units(means.iter(), |v, b| b.extend_from_slice(&v.to_le_bytes()))
+            .map_err(io)?;
         for (layer, (start, count)) in spans.into_iter().enumerate() {
             let view = self.kv.view(layer)?;
             let window = self.kv.window(layer).map_or(0, |w| w as u64);
@@ -957,6 +1076,7 @@ impl<K: KvStore> Session<K> {
             });
         }
         let n = layout.n_tokens;
+        let store_offsets = self.kv.key_offsets().cloned();
         let mut tx = Append::begin_restore(&mut self.kv, n)?;
 
         let mut tokens = vec![0u32; n];
@@ -975,6 +1095,54 @@ impl<K: KvStore> Session<K> {
         }
         let mut meta = vec![0u8; layout.meta_len];
         src.read(&mut meta)?;
+
+        // The key offsets: their count, and with it the file's exact length, before
+        // anything is sized by it; then against the store's, before any row is written.
+        let n_means = if layout.offsets { src.u64()? } else { 0 };
+        if n_means != 0 && n_means != layout.n_means as u64 {
+            return Err(SessionError::KeyOffsetsLength {
+                found: n_means,
+                expected: layout.n_means as u64,
+            });
+        }
+        let declared = if n_means == 0 {
+            layout.file_len
+        } else {
+            layout.file_len_means
+        };
+        src.declared = declared;
+        if declared > len {
+            return Err(SessionError::Truncated {
+                declared,
+                actual: len,
+            });
+        }
+        if declared < len {
+            return Err(SessionError::TrailingBytes {
+                declared,
+                actual: len,
+            });
+        }
+        let mismatch = SessionError::KeyOffsetsMismatch {
+            file: n_means != 0,
+            store: store_offsets.is_some(),
+        };
+        match &store_offsets {
+            None if n_means == 0 => {}
+            Some(offsets) if n_means != 0 => {
+                // n_means = n_layers · kv_dim here, within the file's checked length.
+                let mut means = vec![0f32; layout.n_means];
+                src.units(&mut means, |x| {
+                    *x = f32::from_bits(u32::from_le(x.to_bits()))
+                })?;
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                // Bit for bit: the rows were encoded against exactly these means.
+                if bits(&means) != bits(offsets.means()) {
+                    return Err(mismatch);
+                }
+            }
+            _ => return Err(mismatch),
+        }
 
         // A layer's count is checked against the rows left of `n_rows` before its buffers
         // are sized, and those rows' bytes are part of the file's length, which fits in

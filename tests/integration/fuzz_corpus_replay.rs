@@ -315,10 +315,12 @@ fn session_load_seeds() -> Vec<(String, Vec<u8>)> {
     let put = |at: usize, bytes: &[u8]| reseal(patched(good.clone(), at, bytes));
     // Offsets from docs/session-format.md; the first layer starts after 6 ids and 4
     // bytes of blob.
-    let layer0 = 88 + 4 * 6 + 4;
+    let layer0 = 88 + 4 * 6 + 4 + 8;
     let edits: Vec<(&str, Vec<u8>)> = vec![
         ("bad_magic", put(0, b"GGUF")),
-        ("version_3", put(8, &[3])),
+        ("version_4", put(8, &[4])),
+        ("version_2", put(8, &[2])),
+        ("n_means_huge", put(88 + 4 * 6 + 4, &[0xff; 8])),
         ("version_1", put(8, &[1])),
         ("reserved_flags", put(12, &[1])),
         ("reserved_tail", put(62, &[0, 1])),

@@ -9,13 +9,12 @@
 //! q8_0 mean KLD ≤ 2e-4, |ΔPPL| ≤ 0.3 %, top-1 agreement ≥ 99 %. The measured numbers are
 //! printed (`--nocapture`) for BENCHMARKS.md.
 //!
-//! **Not met yet:** q8_0's mean KLD. Plain llama.cpp-style q8_0 keys measured 8.7e-4;
-//! rotating each head before quantising (`kv::hadamard`) brought it to 2.7e-4, still
-//! above 2e-4. This test holds q8_0 to 3e-4 (a guard against regressions, not the
-//! issue's bound) and to the issue's |ΔPPL| and top-1 bounds, which it meets. The keys
-//! carry nearly all of it (q8_0 values alone: 2.1e-5), and most of a key is a per-head
-//! constant that softmax ignores, but one that RoPE turns with the position: BENCHMARKS.md
-//! ("AVX-512F twins…", issue 12) gives the measurements and the exact per-block form.
+//! q8_0 keys are kept less the model's key offsets (`kv/offsets.rs`: the mean key of
+//! each layer and head, turned by RoPE to each block of 256 positions), which the model
+//! calibrates on its own short text, not this one. Measured: plain llama.cpp-style q8_0
+//! keys 8.7e-4; each head rotated before quantising (`kv::hadamard`) 2.7e-4; the
+//! quants rounded against the stored f16 scale 2.0e-4 (with the offsets, before their
+//! shrinking of fast pairs); with the key offsets as they are now 1.5e-4.
 
 use crate::common::*;
 use kvcore::KvType;
@@ -60,7 +59,7 @@ fn kv_types_stay_within_their_error_budget() {
     let budget = [
         (KvType::F16, 1e-5, Some(0.0005), None),
         (KvType::BF16, 1e-4, None, None),
-        (KvType::Q8_0, 3e-4, Some(0.003), Some(0.99)),
+        (KvType::Q8_0, 2e-4, Some(0.003), Some(0.99)),
     ];
     let mut failures = Vec::new();
     for (ty, kld_max, dppl_max, top1_min) in budget {

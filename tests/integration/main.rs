@@ -38,6 +38,7 @@ mod rayon_bitwise;
 mod rayon_scope;
 mod scalar_reference;
 mod session_file;
+mod session_key_offsets;
 mod session_reuse;
 mod session_window;
 mod tokenizer_gemma;

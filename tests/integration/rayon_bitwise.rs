@@ -239,13 +239,17 @@ macro_rules! bitwise_suite {
                     cuts in prop::collection::vec(0usize..1500, 0..3),
                     k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
                     v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..900), seed in any::<u64>()
+                    window in prop::option::of(1usize..900), seed in any::<u64>(),
+                    offsets in any::<bool>()
                 ) {
                     let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let case = Attention::new(shape, n_new, 1, seed)
+                    let mut case = Attention::new(shape, n_new, 1, seed)
                         .with_cuts(&cuts)
                         .with_kv_types((k, v))
                         .with_window(window);
+                    if offsets {
+                        case = case.with_key_offsets(!seed);
+                    }
                     same_bits(&*INNER, &POOLS, &case);
                 }
 

@@ -32,6 +32,8 @@ const N_ROWS_AT: usize = 80;
 const TOKENS_AT: usize = 88;
 /// Bytes of a layer's `start, count, window`.
 const LAYER_HEADER: usize = 24;
+/// Bytes of the key-offsets section of a store without key offsets (`n_means = 0`).
+const NO_OFFSETS: usize = 8;
 
 fn tiny_config(seed: u64) -> TinyLlama {
     TinyLlama {
@@ -138,7 +140,7 @@ fn fixture() -> Fixture {
 /// The offset of layer `layer`'s `start` field in a file of `n` positions of `kv_dim`
 /// f32 elements with the blob [`META`].
 fn layer_at(n: usize, kv_dim: usize, layer: usize) -> usize {
-    TOKENS_AT + 4 * n + META.len() + layer * (LAYER_HEADER + 2 * n * kv_dim * 4)
+    TOKENS_AT + 4 * n + META.len() + NO_OFFSETS + layer * (LAYER_HEADER + 2 * n * kv_dim * 4)
 }
 
 #[test]
@@ -454,6 +456,7 @@ fn a_flipped_bit_anywhere_is_caught() {
                         | SessionError::TokenOutOfVocab { .. }
                         | SessionError::LayerPositions { .. }
                         | SessionError::WindowMismatch { .. }
+                        | SessionError::KeyOffsetsLength { .. }
                 ),
                 "byte {at}: {err}"
             );
@@ -596,7 +599,7 @@ fn an_empty_session_round_trips() {
     let empty = session_with(&model, &[]);
     let bytes = to_bytes(&empty, &model, b"");
     let n_layers = model.kv_geometry().n_layers;
-    assert_eq!(bytes.len(), 88 + n_layers * 24 + 32);
+    assert_eq!(bytes.len(), 88 + NO_OFFSETS + n_layers * 24 + 32);
     let mut t = session_with(&model, &[1, 2, 3]);
     t.restore_from(&model, &bytes[..], bytes.len() as u64, |_| Ok(()))
         .unwrap();
@@ -790,6 +793,7 @@ fn smollm2_session_survives_a_file() {
     let want_len = 88
         + 4 * n
         + text.len() as u64
+        + NO_OFFSETS as u64
         + g.n_layers as u64 * (24 + n * 2 * g.kv_dim() as u64 * 4)
         + 32;
     assert_eq!(std::fs::metadata(&path).unwrap().len(), want_len);

@@ -185,11 +185,11 @@ fn windowed_files_hold_the_retained_rows_and_continue_bitwise() {
         );
         assert_eq!(
             bytes.len(),
-            88 + 4 * n + 4 + 3 * 24 + n_rows * row + 32,
+            88 + 4 * n + 4 + 8 + 3 * 24 + n_rows * row + 32,
             "only the retained rows"
         );
         // Layer 0 records start, count and its window.
-        let layer0 = 88 + 4 * n + 4;
+        let layer0 = 88 + 4 * n + 4 + 8;
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
         assert_eq!(
             (u64_at(layer0), u64_at(layer0 + 8), u64_at(layer0 + 16)),
@@ -299,12 +299,13 @@ fn files_of_other_windows_are_refused_and_change_nothing() {
     assert_eq!(snapshot(&same).rows, snapshot(&win).rows);
 }
 
-/// A version-2 file of a full store rewritten as version 1 (no `n_rows`, no windows).
+/// A version-3 file of a full store without key offsets rewritten as version 1 (no
+/// `n_rows`, no key-offsets section, no windows).
 fn as_version_1(v2: &[u8], n: usize, n_layers: usize, row: usize) -> Vec<u8> {
     let mut v1 = v2[..80].to_vec();
     v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-    let layers = 88 + 4 * n + 4;
-    v1.extend_from_slice(&v2[88..layers]);
+    let layers = 88 + 4 * n + 4 + 8;
+    v1.extend_from_slice(&v2[88..layers - 8]);
     for layer in 0..n_layers {
         let at = layers + layer * (24 + n * row);
         v1.extend_from_slice(&v2[at..at + 16]);
@@ -355,7 +356,7 @@ fn a_row_count_that_disagrees_with_the_layers_is_refused() {
         SessionError::RowCount { declared, found } if declared == n_rows + 1 && found == n_rows
     ));
     // A window layer that claims every position (a dense layer's span).
-    let layer0 = 88 + 4 * 20 + 4;
+    let layer0 = 88 + 4 * 20 + 4 + 8;
     let mut wide = good.clone();
     wide[layer0..layer0 + 8].copy_from_slice(&0u64.to_le_bytes());
     assert!(matches!(

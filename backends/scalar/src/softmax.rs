@@ -101,7 +101,8 @@ fn head_row<'a: 'b, 'b>(
 /// row of the same format) just before its dot product or its weighted add. `q8_0` rows
 /// hold rotated heads (`kvcore::kv::hadamard`): with `q8_0` keys each query head is
 /// rotated the same way and divided by the rotation length (exact) before its dot products; with `q8_0`
-/// values each output head is rotated back after its weighted sum.
+/// values each output head is rotated back after its weighted sum. Keys stored less a key
+/// offset (`kvcore::kv::KeyOffsets`) have it added back to the decoded row.
 pub(crate) fn attention(
     q: ArrayView3<'_, f32>,
     q_pos: &[usize],
@@ -112,7 +113,7 @@ pub(crate) fn attention(
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
     let (k_rot, v_rot) = rotations(kv);
-    let (mut scores, mut tmp, mut qrot) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut scores, mut tmp, mut qrot, mut key) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, &pos) in q_pos.iter().enumerate() {
         for h in 0..n_heads {
             let qh = q.index_axis_move(Axis(0), i).index_axis_move(Axis(0), h);
@@ -126,7 +127,13 @@ pub(crate) fn attention(
             scores.clear();
             for seg in kv.segments() {
                 for t in seg.visible(pos, params.mask) {
-                    let k = head_row(seg.keys(), t, kvh, &mut tmp);
+                    let mut k = head_row(seg.keys(), t, kvh, &mut tmp);
+                    // A key stored less its key offset is the stored row plus it.
+                    if let Some(t_b) = kv.key_offset(seg.start() + t, kvh) {
+                        key.clear();
+                        key.extend(k.iter().zip(t_b).map(|(a, b)| a + b));
+                        k = &key;
+                    }
                     scores.push(params.scale * dot(qh, k));
                 }
             }

@@ -52,7 +52,7 @@ mod x86;
 use kvcore::backend::{
     AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
 };
-use kvcore::kv::KvView;
+use kvcore::kv::{KEY_OFFSET_BLOCK, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 use kvcore_scalar::Scalar;
 
@@ -294,9 +294,18 @@ impl Backend for Simd {
         stats: &mut [PartStat],
     ) -> Result<(), ShapeError> {
         check::attention_part(&q, q_pos, kv, &out, stats)?;
+        // Keys of more than one block of key offsets: the parts' fold (each part's keys
+        // share one offset).
+        let span = kv.span();
+        let blocks = kv.has_key_offsets()
+            && span.start / KEY_OFFSET_BLOCK != span.end.saturating_sub(1) / KEY_OFFSET_BLOCK;
         dispatch!(
             self,
-            k => ops::attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats, false)?,
+            k => if blocks {
+                ops::attention_fold(k, q, q_pos, kv, params, out, stats)?
+            } else {
+                ops::attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats, false)?
+            },
             scalar => Scalar.attention_part(q, q_pos, kv, params, out, stats)?
         );
         Ok(())

@@ -34,7 +34,7 @@ use crate::sgemm::{Gemm, sgemm};
 use kvcore::backend::{
     AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
 };
-use kvcore::kv::{KvRows, KvView};
+use kvcore::kv::{KEY_OFFSET_BLOCK, KvRows, KvView};
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
@@ -232,6 +232,9 @@ pub(crate) const ATTN_BLOCK: usize = 64;
 /// [`Backend::attention_part_len`]: kvcore::backend::Backend::attention_part_len
 pub(crate) const ATTN_PART: usize = 256;
 
+// Each part's keys share one key offset (`kvcore::kv::KEY_OFFSET_BLOCK`).
+const _: () = assert!(KEY_OFFSET_BLOCK.is_multiple_of(ATTN_PART));
+
 /// Query vectors (query rows × heads of one KV group) per tile of `attention_part`: a
 /// tile's vectors share every key and value row read and converted (SmolLM2: 8 query
 /// rows × 3 heads). 24 instead of 8 made the tiled prefill kernels 8 % faster
@@ -353,68 +356,95 @@ pub(crate) fn attention<K: Kernel>(
     params: &AttnParams,
     mut out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
+    let (n, n_heads, _) = q.dim();
+    FOLD.with_borrow_mut(|f| {
+        let mut stats = std::mem::take(&mut f.stats);
+        stats.clear();
+        stats.resize(n * n_heads, PartStat::EMPTY);
+        let folded = fold(k, f, q, q_pos, kv, params, out.view_mut(), &mut stats);
+        if folded.is_ok() {
+            for (&st, mut o) in stats.iter().zip(out.rows_mut()) {
+                finish_part(
+                    st,
+                    o.as_slice_mut()
+                        .expect("the last axis is contiguous (checked)"),
+                );
+            }
+        }
+        f.stats = stats;
+        folded
+    })
+}
+
+/// [`attention`] without its last step: every row and head's state `stats[i · n_heads +
+/// h]` and unnormalised output over all the view's parts, folded in position order —
+/// also `Backend::attention_part` of a view that spans more than one block of key
+/// offsets (each part's keys must share one).
+pub(crate) fn attention_fold<K: Kernel>(
+    k: K,
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    out: ArrayViewMut3<'_, f32>,
+    stats: &mut [PartStat],
+) -> Result<(), ShapeError> {
+    stats.fill(PartStat::EMPTY);
+    FOLD.with_borrow_mut(|f| fold(k, f, q, q_pos, kv, params, out, stats))
+}
+
+/// The fold of [`attention`] and [`attention_fold`] (`stats` all [`PartStat::EMPTY`]).
+#[allow(clippy::too_many_arguments)] // the trait method's operands, the scratch, the states
+fn fold<K: Kernel>(
+    k: K,
+    f: &mut FoldScratch,
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    mut out: ArrayViewMut3<'_, f32>,
+    stats: &mut [PartStat],
+) -> Result<(), ShapeError> {
     let (n, n_heads, hd) = q.dim();
     let span = kv.span();
     let first = span.start / ATTN_PART * ATTN_PART;
-    FOLD.with_borrow_mut(|f| {
-        f.stats.clear();
-        f.stats.resize(n * n_heads, PartStat::EMPTY);
-        if span.end <= first + ATTN_PART {
-            attention_part(
-                k,
-                q,
-                q_pos,
-                kv,
-                0..usize::MAX,
-                params,
-                out.view_mut(),
-                &mut f.stats,
-                false,
-            )?;
-        } else {
-            f.part.resize(n * n_heads * hd, 0.0);
-            f.part_stats.resize(n * n_heads, PartStat::EMPTY);
-            // Queries against rotated (q8_0) keys are rotated once here for every part
-            // (the same values each part would compute).
-            let k_rot = kvcore_scalar::rotations(kv).0;
-            if k_rot {
-                f.q.clear();
-                f.q.extend(q.iter());
-                f.q.chunks_exact_mut(hd).for_each(|h| k.unrotate(h));
-            }
-            let q = if k_rot {
-                ArrayView3::from_shape((n, n_heads, hd), &f.q[..])
-                    .expect("the fold scratch holds n · n_heads · head_dim")
-            } else {
-                q.view()
-            };
-            for p0 in (first..span.end).step_by(ATTN_PART) {
-                let part = p0..p0 + ATTN_PART;
-                let mut po = ArrayViewMut3::from_shape((n, n_heads, hd), &mut f.part[..])
-                    .expect("the fold scratch holds n · n_heads · head_dim");
-                let (po, ps) = (po.view_mut(), &mut f.part_stats);
-                attention_part(k, q, q_pos, kv, part, params, po, ps, k_rot)?;
-                // The output rows `[i, h, ..]` in `idx = i · n_heads + h` order.
-                let rows = (f.stats.iter_mut().zip(&f.part_stats))
-                    .zip(f.part.chunks_exact(hd))
-                    .zip(out.rows_mut());
-                for (((acc, &ps), part), mut o) in rows {
-                    let o = o
-                        .as_slice_mut()
-                        .expect("the last axis is contiguous (checked)");
-                    merge_part(acc, o, ps, part);
-                }
-            }
+    if span.end <= first + ATTN_PART {
+        return attention_part(k, q, q_pos, kv, 0..usize::MAX, params, out, stats, false);
+    }
+    f.part.resize(n * n_heads * hd, 0.0);
+    f.part_stats.resize(n * n_heads, PartStat::EMPTY);
+    // Queries against rotated (q8_0) keys are rotated once here for every part
+    // (the same values each part would compute).
+    let k_rot = kvcore_scalar::rotations(kv).0;
+    if k_rot {
+        f.q.clear();
+        f.q.extend(q.iter());
+        f.q.chunks_exact_mut(hd).for_each(|h| k.unrotate(h));
+    }
+    let q = if k_rot {
+        ArrayView3::from_shape((n, n_heads, hd), &f.q[..])
+            .expect("the fold scratch holds n · n_heads · head_dim")
+    } else {
+        q.view()
+    };
+    for p0 in (first..span.end).step_by(ATTN_PART) {
+        let part = p0..p0 + ATTN_PART;
+        let mut po = ArrayViewMut3::from_shape((n, n_heads, hd), &mut f.part[..])
+            .expect("the fold scratch holds n · n_heads · head_dim");
+        let (po, ps) = (po.view_mut(), &mut f.part_stats);
+        attention_part(k, q, q_pos, kv, part, params, po, ps, k_rot)?;
+        // The output rows `[i, h, ..]` in `idx = i · n_heads + h` order.
+        let rows = (stats.iter_mut().zip(&f.part_stats))
+            .zip(f.part.chunks_exact(hd))
+            .zip(out.rows_mut());
+        for (((acc, &ps), part), mut o) in rows {
+            let o = o
+                .as_slice_mut()
+                .expect("the last axis is contiguous (checked)");
+            merge_part(acc, o, ps, part);
         }
-        for (&st, mut o) in f.stats.iter().zip(out.rows_mut()) {
-            finish_part(
-                st,
-                o.as_slice_mut()
-                    .expect("the last axis is contiguous (checked)"),
-            );
-        }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// One part of attention (`Backend::attention_part`; shapes checked by the caller):
@@ -472,6 +502,16 @@ pub(crate) fn attention_part<K: Kernel>(
     let group = n_heads / kv.n_kv_heads();
     let (k_rot, v_rot) = kvcore_scalar::rotations(kv);
     let tile = (TILE_VECS / group).max(1);
+    // A position of the part's keys, for their key offset (every key of a part shares it).
+    let block_pos = segs.first().map(|s| s.start().max(positions.start));
+    debug_assert!(
+        !kv.has_key_offsets()
+            || segs.last().is_none_or(|s| {
+                let last = (s.start() + s.len()).min(positions.end) - 1;
+                block_pos.is_some_and(|p| p / KEY_OFFSET_BLOCK == last / KEY_OFFSET_BLOCK)
+            }),
+        "one key offset per part"
+    );
     // A segment's visible slots restricted to the part's positions.
     let clip = |vis: Range<usize>, seg: &kvcore::kv::KvSegment<'_>| {
         let at = |p: usize| p.clamp(seg.start(), seg.start() + seg.len()) - seg.start();
@@ -585,6 +625,18 @@ pub(crate) fn attention_part<K: Kernel>(
                     let span = flat(&sc.vis, &sc.union, v / group);
                     let row = &mut sc.scores[v * stride..];
                     sc.stats.push(k.exp_sum(&mut row[span]));
+                }
+                // Keys stored less a key offset `t_b` (one per part: `KEY_OFFSET_BLOCK` is
+                // a multiple of `ATTN_PART`) score `scale · q·t_b` higher each: the part's
+                // softmax is the same, its maximum that much higher.
+                if let Some(t_b) = block_pos.and_then(|p| kv.key_offset(p, kvh)) {
+                    for (v, st) in sc.stats.iter_mut().enumerate() {
+                        if !st.is_empty() {
+                            let qv = &sc.q[v * hd..(v + 1) * hd];
+                            let c: f32 = qv.iter().zip(t_b).map(|(a, b)| a * b).sum();
+                            st.max += params.scale * c;
+                        }
+                    }
                 }
                 sc.acc.clear();
                 sc.acc.resize(nv * hd, 0.0);

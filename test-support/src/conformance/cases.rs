@@ -9,9 +9,11 @@ use kvcore::backend::{
     AttnJob, AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle,
 };
 use kvcore::kv::{
-    BlockQ8_0, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK, encode_q8_0, rotation_len,
+    BlockQ8_0, KeyOffsets, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK, encode_q8_0,
+    hadamard, rotation_len,
 };
 use kvcore::ndarray::Array3;
+use std::sync::Arc;
 
 use super::inputs::{Matrix, Rng};
 use super::oracle::{self, Bounded};
@@ -279,6 +281,9 @@ pub struct Attention {
     pub kv_types: (KvType, KvType),
     /// Mask and scale.
     pub params: AttnParams,
+    /// Key offsets the `q8_0` keys are stored less of (layer 0 of one layer's offsets),
+    /// if any ([`with_key_offsets`](Attention::with_key_offsets)).
+    pub key_offsets: Option<Arc<KeyOffsets>>,
 }
 
 impl Attention {
@@ -297,7 +302,33 @@ impl Attention {
             cuts: Vec::new(),
             kv_types: (KvType::F32, KvType::F32),
             params: AttnParams::causal(shape.head_dim),
+            key_offsets: None,
         }
+    }
+
+    /// The same case with `q8_0` keys stored less key offsets (`kvcore::kv::KeyOffsets`)
+    /// of random pre-RoPE means of magnitude up to 3 (the keys' own are up to 2, so a
+    /// key offset applied wrongly moves scores by as much as the keys do), RoPE base
+    /// 10 000 in halves. A case whose keys are not `q8_0` is left as it is.
+    pub fn with_key_offsets(mut self, seed: u64) -> Self {
+        if self.kv_types.0 != KvType::Q8_0 {
+            return self;
+        }
+        let s = self.shape;
+        let geometry = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+        };
+        let means = Rng::new(seed).uniform(s.n_kv_heads * s.head_dim, 3.0);
+        let rope = Rope {
+            base: 10_000.0,
+            style: RopeStyle::Halves,
+        };
+        let offsets = KeyOffsets::new(geometry, means, vec![rope], self.n_keys.max(1))
+            .expect("valid key offsets");
+        self.key_offsets = Some(Arc::new(offsets));
+        self
     }
 
     /// One query row per KV head (group 1) at the last of `n_keys` positions, with a
@@ -357,7 +388,7 @@ impl Attention {
     }
 
     /// The rows as a view of segments cut at `cuts`.
-    pub fn view<'a>(&self, keys: &'a Encoded, values: &'a Encoded) -> KvView<'a> {
+    pub fn view<'a>(&'a self, keys: &'a Encoded, values: &'a Encoded) -> KvView<'a> {
         let mut bounds = vec![0];
         bounds.extend(self.cuts.iter().copied());
         bounds.push(self.n_keys);
@@ -373,7 +404,12 @@ impl Attention {
                 .expect("same shapes")
             })
             .collect();
-        KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending")
+        let view =
+            KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending");
+        match &self.key_offsets {
+            Some(o) => view.with_key_offsets(o, 0).expect("offsets fit the view"),
+            None => view,
+        }
     }
 
     /// [`Case::run`]'s output computed one query row per `attention` call: what a
@@ -400,10 +436,41 @@ impl Attention {
     /// The keys and values as stored, `[n_keys, n_kv_heads, head_dim]` in their types.
     pub fn arrays(&self) -> (Encoded, Encoded) {
         let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);
-        (
-            Encoded::new(self.kv_types.0, &self.keys, dims),
-            Encoded::new(self.kv_types.1, &self.values, dims),
-        )
+        let keys = match &self.key_offsets {
+            Some(o) => Encoded::less_offsets(&self.keys, dims, o),
+            None => Encoded::new(self.kv_types.0, &self.keys, dims),
+        };
+        (keys, Encoded::new(self.kv_types.1, &self.values, dims))
+    }
+
+    /// The keys the oracle scores: the stored values decoded, plus the key offsets
+    /// they were stored less of.
+    fn oracle_keys(&self, keys: &Encoded) -> Vec<f32> {
+        let Some(o) = &self.key_offsets else {
+            return keys.decoded();
+        };
+        let Encoded::Q8_0(a) = keys else {
+            unreachable!("key offsets only with q8_0 keys")
+        };
+        let d = self.shape.head_dim;
+        let mut out = Vec::with_capacity(self.keys.len());
+        for (t, row) in a.outer_iter().enumerate() {
+            for (h, head) in row.outer_iter().enumerate() {
+                let mut y: Vec<f32> = head
+                    .iter()
+                    .flat_map(|b| {
+                        let mut v = [0f32; Q8_0_BLOCK];
+                        b.decode(&mut v);
+                        v
+                    })
+                    .collect();
+                let t_b = o.rotated(0, t, h).expect("the offsets cover the keys");
+                y.iter_mut().zip(t_b).for_each(|(y, &t)| *y += t);
+                debug_assert_eq!(y.len(), d);
+                out.extend(unrotate_f64(&y));
+            }
+        }
+        out
     }
 }
 
@@ -463,6 +530,30 @@ impl Encoded {
             ),
             _ => Encoded::F32(Array3::from_shape_vec((n, h, d), x.to_vec()).expect(err)),
         }
+    }
+
+    /// `q8_0` keys `x: [n · h · d]` stored less `offsets` (layer 0; row `t` at position
+    /// `t`), as `kv/offsets.rs` states it: each head rotated (`H x`), its block's rotated
+    /// offset subtracted, then quantised block by block.
+    pub fn less_offsets(
+        x: &[f32],
+        (n, h, d): (usize, usize, usize),
+        offsets: &KeyOffsets,
+    ) -> Encoded {
+        let mut blocks = Vec::with_capacity(n * h * d / Q8_0_BLOCK);
+        for (i, head) in x.chunks_exact(d).enumerate() {
+            let (t, kvh) = (i / h, i % h);
+            let mut y = head.to_vec();
+            hadamard(&mut y, rotation_len(d));
+            let t_b = offsets
+                .rotated(0, t, kvh)
+                .expect("the offsets cover the keys");
+            y.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
+            blocks.extend(y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode));
+        }
+        Encoded::Q8_0(
+            Array3::from_shape_vec((n, h, d / Q8_0_BLOCK), blocks).expect("n · h · d values"),
+        )
     }
 
     /// The rows as a store hands them out.
@@ -560,13 +651,14 @@ impl Case for AttentionBatch {
 impl Case for Attention {
     fn label(&self) -> String {
         format!(
-            "attention {:?} n_new {} n_keys {} cuts {:?} {:?} kv {:?}",
+            "attention {:?} n_new {} n_keys {} cuts {:?} {:?} kv {:?} key offsets {}",
             self.shape,
             self.n_new(),
             self.n_keys,
             self.cuts,
             self.params,
-            self.kv_types
+            self.kv_types,
+            self.key_offsets.is_some()
         )
     }
     fn run<B: Backend>(&self, b: &B) -> Vec<f32> {
@@ -591,7 +683,7 @@ impl Case for Attention {
         let group = s.n_heads / s.n_kv_heads;
         let q_pos = self.q_pos();
         let (keys, values) = self.arrays();
-        let (keys, values) = (keys.decoded(), values.decoded());
+        let (keys, values) = (self.oracle_keys(&keys), values.decoded());
         self.q
             .chunks_exact(s.head_dim)
             .enumerate()
