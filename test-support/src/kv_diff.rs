@@ -51,8 +51,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arbitrary::{Arbitrary, Unstructured};
 use half::{bf16, f16};
 use kvcore::kv::{
-    AllocGate, BlockQ8_0, DenseKv, GrowKv, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType,
-    KvView, Q8_0_BLOCK, WindowKv, check_begin, check_rows, encode_q8_0,
+    AllocGate, BlockQ8_0, DenseKv, GrowKv, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment,
+    KvStore, KvType, KvView, Q8_0_BLOCK, WindowKv, check_begin, check_rows, encode_q8_0, hadamard,
+    rotation_len,
 };
 use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
 
@@ -196,6 +197,29 @@ pub struct Scenario {
     pub types: (KvType, KvType),
 }
 
+/// The key offsets the differential runs keep `q8_0` keys less of: with `q8_0` keys, a
+/// head of some size and an odd `max_ctx` (so half the `q8_0` scenarios run with offsets,
+/// half without, from the same corpus), pseudo-random means of magnitude up to 4 under
+/// RoPE base 10 000; else none.
+pub fn key_offsets_for(
+    g: KvGeometry,
+    types: (KvType, KvType),
+    max_ctx: usize,
+) -> Option<Arc<KeyOffsets>> {
+    if types.0 != KvType::Q8_0 || g.head_dim == 0 || g.n_layers == 0 || max_ctx.is_multiple_of(2) {
+        return None;
+    }
+    let means = (0..g.n_layers * g.kv_dim())
+        .map(|i| ((i * 7919 + max_ctx) % 17) as f32 * 0.5 - 4.0)
+        .collect();
+    let rope = kvcore::backend::Rope {
+        base: 10_000.0,
+        style: kvcore::backend::RopeStyle::Halves,
+    };
+    let offsets = KeyOffsets::new(g, means, vec![rope; g.n_layers], max_ctx);
+    Some(Arc::new(offsets.expect("offsets of a q8_0 geometry")))
+}
+
 impl Scenario {
     /// Decodes a scenario from raw bytes (the fuzz input and corpus file format). Every
     /// byte string decodes; short input reads as zeros.
@@ -235,6 +259,12 @@ impl Scenario {
                 d => d,
             },
         }
+    }
+
+    /// The key offsets every store of the scenario keeps its keys less of
+    /// ([`key_offsets_for`]).
+    pub fn key_offsets(&self) -> Option<Arc<KeyOffsets>> {
+        key_offsets_for(self.geometry(), self.types, self.max_ctx)
     }
 }
 
@@ -335,6 +365,8 @@ pub struct SpecKv {
     /// `[n_layers]` of `[len]` rows in V's type.
     v: Vec<SpecRows>,
     pending: Option<SpecAppend>,
+    /// What `q8_0` keys are encoded less of (`kv/offsets.rs`).
+    key_offsets: Option<Arc<KeyOffsets>>,
 }
 
 /// Rows of one element type, each encoded on its own (`kv::encode_q8_0`, `half`'s conversions): `[rows][units per row]`.
@@ -367,8 +399,16 @@ impl SpecRows {
         }
     }
 
-    /// The first `units` units followed by `rows` encoded.
-    fn prefix_then(&self, units: usize, rows: ArrayView2<'_, f32>, head_dim: usize) -> SpecRows {
+    /// The first `units` units followed by `rows` encoded; `q8_0` keys at positions
+    /// `shift.2 ..` of layer `shift.1` less the key offsets `shift.0`, as `kv/offsets.rs`
+    /// states it (each head rotated, its block's rotated offset subtracted, quantised).
+    fn prefix_then(
+        &self,
+        units: usize,
+        rows: ArrayView2<'_, f32>,
+        head_dim: usize,
+        shift: Option<(&KeyOffsets, usize, usize)>,
+    ) -> SpecRows {
         let mut out = self.clone();
         out.truncate(units);
         match &mut out {
@@ -376,8 +416,18 @@ impl SpecRows {
             SpecRows::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
             SpecRows::BF16(v) => v.extend(rows.iter().map(|&x| bf16::from_f32(x))),
             SpecRows::Q8_0(v) => {
-                for row in rows.rows() {
-                    v.extend(encode_q8_0(&row.to_vec(), head_dim));
+                for (t, row) in rows.rows().into_iter().enumerate() {
+                    let Some((offsets, layer, at)) = shift else {
+                        v.extend(encode_q8_0(&row.to_vec(), head_dim));
+                        continue;
+                    };
+                    for (h, head) in row.to_vec().chunks_exact(head_dim).enumerate() {
+                        let mut y = head.to_vec();
+                        hadamard(&mut y, rotation_len(head_dim));
+                        let t_b = offsets.rotated(layer, at + t, h).expect("covered");
+                        y.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
+                        v.extend(y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode));
+                    }
                 }
             }
         }
@@ -449,7 +499,14 @@ impl SpecKv {
             k: vec![SpecRows::new(types.0); geometry.n_layers],
             v: vec![SpecRows::new(types.1); geometry.n_layers],
             pending: None,
+            key_offsets: None,
         }
+    }
+
+    /// The same empty store encoding its `q8_0` keys less `offsets`.
+    pub fn with_key_offsets(mut self, offsets: Option<Arc<KeyOffsets>>) -> Self {
+        self.key_offsets = offsets;
+        self
     }
 
     /// Units per K row and per V row.
@@ -572,9 +629,10 @@ impl KvStore for SpecKv {
         self.check_layer(layer)?;
         check_rows(n, self.kv_dim, &k, &v)?;
         let (ku, vu) = self.units();
+        let shift = self.key_offsets.as_deref().map(|o| (o, layer, at));
         let layer_rows = (
-            self.k[layer].prefix_then(at * ku, k, self.geometry.head_dim),
-            self.v[layer].prefix_then(at * vu, v, self.geometry.head_dim),
+            self.k[layer].prefix_then(at * ku, k, self.geometry.head_dim, shift),
+            self.v[layer].prefix_then(at * vu, v, self.geometry.head_dim, None),
         );
         if let Some(p) = &mut self.pending {
             p.layers[layer] = Some(layer_rows);
@@ -659,11 +717,15 @@ impl KvStore for SpecKv {
             k: self.k.clone(),
             v: self.v.clone(),
             pending: None,
+            key_offsets: self.key_offsets.clone(),
             ..*self
         })
     }
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         Ok(Box::new(self.fork()?))
+    }
+    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        self.key_offsets.as_ref()
     }
 }
 
@@ -960,11 +1022,15 @@ fn rows(n: usize, kv_dim: usize, extra: usize, layer: usize, bits: &[u32], v: bo
 /// The first [`Divergence`].
 pub fn run(scenario: &Scenario) -> Result<(), Divergence> {
     let types = scenario.types;
+    let offsets = scenario.key_offsets();
     run_against(scenario, |g, max_ctx, initial, gate| {
         let mut kv = match initial {
             None => GrowKv::with_types(g, max_ctx, types),
             Some(initial) => GrowKv::with_capacity_and_types(g, max_ctx, initial, types),
         }?;
+        if let Some(o) = offsets {
+            kv = kv.with_key_offsets(o)?;
+        }
         kv.set_alloc_gate(Some(gate));
         Ok(kv)
     })
@@ -986,8 +1052,15 @@ fn run_against<G: KvStore>(
     let window_gate = Arc::new(RefuseNext::default());
     let built = build(g, max_ctx, scenario.initial, grow_gate.clone());
     let types = scenario.types;
-    let window = WindowKv::with_types(g, max_ctx, &windows, types);
-    let dense = DenseKv::with_types(g, max_ctx, types);
+    let offsets = scenario.key_offsets();
+    let window = WindowKv::with_types(g, max_ctx, &windows, types).and_then(|w| match &offsets {
+        Some(o) => w.with_key_offsets(o.clone()),
+        None => Ok(w),
+    });
+    let dense = DenseKv::with_types(g, max_ctx, types).and_then(|d| match &offsets {
+        Some(o) => d.with_key_offsets(o.clone()),
+        None => Ok(d),
+    });
     let (mut dense, grow, mut window) = match (dense, built, window) {
         (Ok(d), Ok(gr), Ok(w)) => (d, gr, w),
         (Err(a), Err(b), Err(c)) if a == b && b == c => return Ok(()),
@@ -1003,7 +1076,7 @@ fn run_against<G: KvStore>(
     dense.set_alloc_gate(Some(dense_gate.clone()));
     window.set_alloc_gate(Some(window_gate.clone()));
     let mut seqs = vec![Seq {
-        spec: SpecKv::with_types(g, max_ctx, &windows, types),
+        spec: SpecKv::with_types(g, max_ctx, &windows, types).with_key_offsets(offsets),
         dense,
         grow,
         window,
@@ -1226,6 +1299,33 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
         ));
     }
     let g = spec.geometry();
+    let means = |kv: &dyn KvStore| kv.key_offsets().map(|o| o.means().to_vec());
+    let want = means(spec);
+    for (name, kv) in [
+        ("DenseKv", dense as &dyn KvStore),
+        ("store", grow),
+        ("WindowKv", window),
+    ] {
+        if means(kv) != want {
+            return Err(format!("{name} has other key offsets than the spec"));
+        }
+        for layer in 0..g.n_layers {
+            let view = kv.view(layer).map_err(|e| format!("{name} view: {e}"))?;
+            let (has, end) = (view.has_key_offsets(), view.span().end.max(1));
+            let same = (0..g.n_kv_heads).all(|h| {
+                view.key_offset(end - 1, h)
+                    == spec
+                        .key_offsets
+                        .as_ref()
+                        .and_then(|o| o.rotated(layer, end - 1, h))
+            });
+            if has != want.is_some() || !same {
+                return Err(format!(
+                    "{name} layer {layer}: its view's key offsets are not the spec's"
+                ));
+            }
+        }
+    }
     let per_position = position_bytes(g.kv_dim(), spec.kv_types());
     let footprint = |cap: usize| g.n_layers * cap * per_position;
     if dense.capacity() != dense.max_ctx() || dense.bytes() != footprint(dense.max_ctx()) {

@@ -34,7 +34,8 @@ use std::sync::atomic::Ordering;
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvcore::kv::{
-    DenseKv, KvError, KvGeometry, KvPool, KvStore, KvType, PagedKv, PoolConfig, Q8_0_BLOCK,
+    DenseKv, KeyOffsets, KvError, KvGeometry, KvPool, KvStore, KvType, PagedKv, PoolConfig,
+    Q8_0_BLOCK,
 };
 use kvcore::ndarray::Array2;
 
@@ -280,6 +281,8 @@ struct World {
     types: (KvType, KvType),
     /// Every block-aligned token prefix ever published.
     published: HashSet<Vec<u32>>,
+    /// The key offsets of the pool and of every reference store.
+    key_offsets: Option<Arc<KeyOffsets>>,
 }
 
 /// Replays `scenario` (see the [module docs](self)).
@@ -294,7 +297,12 @@ pub fn run(scenario: &PoolScenario) -> Result<(), PoolDivergence> {
         budget: 0,
         key: [0x5a; 32],
     };
+    let key_offsets = crate::kv_diff::key_offsets_for(g, scenario.types, scenario.max_ctx);
     let pool = KvPool::new(g, scenario.types, config)
+        .and_then(|p| match &key_offsets {
+            Some(o) => p.with_key_offsets(o.clone()),
+            None => Ok(p),
+        })
         .map_err(|e| at_start(format!("KvPool::new failed: {e}")))?;
     pool.set_budget(usize::from(scenario.budget_blocks) * pool.block_bytes());
     let gate = Arc::new(RefuseNext::default());
@@ -306,6 +314,7 @@ pub fn run(scenario: &PoolScenario) -> Result<(), PoolDivergence> {
         max_ctx: scenario.max_ctx,
         types: scenario.types,
         published: HashSet::new(),
+        key_offsets,
     };
     w.push_empty().map_err(at_start)?;
     w.check().map_err(at_start)?;
@@ -338,6 +347,10 @@ impl World {
 
     fn dense(&self) -> Result<DenseKv, String> {
         DenseKv::with_types(self.geometry(), self.max_ctx, self.types)
+            .and_then(|d| match &self.key_offsets {
+                Some(o) => d.with_key_offsets(o.clone()),
+                None => Ok(d),
+            })
             .map_err(|e| format!("DenseKv::with_types failed: {e}"))
     }
 

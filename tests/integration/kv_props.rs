@@ -147,6 +147,26 @@ fn typed_scenario() -> impl Strategy<Value = Scenario> {
     })
 }
 
+/// [`windowed_scenario`] with q8_0 keys kept less key offsets (`Scenario::key_offsets`:
+/// an odd `max_ctx`), deep enough to cross the offsets' 256-position blocks.
+fn offset_scenario() -> impl Strategy<Value = Scenario> {
+    let deep = windowed_scenario().prop_filter("past one block", |s| s.max_ctx > 256);
+    (
+        deep,
+        prop::sample::select(KvType::ALL.to_vec()),
+        any::<bool>(),
+    )
+        .prop_map(|(mut s, v, global)| {
+            s.types = (KvType::Q8_0, v);
+            s.max_ctx |= 1;
+            s.head_dim = s.head_dim.max(1);
+            if global {
+                s.windows.clear();
+            }
+            s
+        })
+}
+
 fn scenario() -> impl Strategy<Value = Scenario> {
     let max_ctx = prop_oneof![0..=3usize, 0..=kv_diff::MAX_CTX];
     (
@@ -203,6 +223,17 @@ proptest! {
     /// stores hold the dense store's bytes, and the spec's (each row encoded alone).
     #[test]
     fn typed_stores_match_the_spec_after_every_step(s in typed_scenario()) {
+        if let Err(d) = kv_diff::run(&s) {
+            return Err(TestCaseError::fail(d.to_string()));
+        }
+    }
+
+    /// q8_0 keys kept less key offsets over positions that cross their blocks: every
+    /// store holds the spec's bytes (each key encoded less its block's offset) and hands
+    /// attention the spec's offsets.
+    #[test]
+    fn stores_with_key_offsets_match_the_spec_after_every_step(s in offset_scenario()) {
+        prop_assert!(s.key_offsets().is_some());
         if let Err(d) = kv_diff::run(&s) {
             return Err(TestCaseError::fail(d.to_string()));
         }
