@@ -583,7 +583,7 @@ mod tests {
         );
         let val = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 2001) as f32 / 700.0 - 1.4;
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
-            for (rows, cols) in [(1, 32), (5, 64), (11, 576), (3, 1536)] {
+            for (rows, cols) in [(1, 32), (4, 32), (5, 64), (6, 64), (11, 576), (3, 1536)] {
                 let values: Vec<f32> = (0..rows * cols).map(|i| val(i, 1)).collect();
                 let bytes = kvcore_scalar::quant::quantize_row(dtype, &values);
                 let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
