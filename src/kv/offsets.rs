@@ -247,14 +247,7 @@ impl KeyOffsets {
 /// radian or more within a block, where a fixed vector would be as far from most keys'
 /// mean as zero is, gets (nearly) none.
 fn shrink(o: &mut [f32], rope: &Rope) {
-    let d = o.len();
-    let half = d / 2;
-    for i in 0..half {
-        let (a, b) = match rope.style {
-            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            RopeStyle::Halves => (i, i + half),
-        };
-        let theta = f64::from(rope.base).powf(-2.0 * i as f64 / d as f64);
+    for (a, b, theta) in pairs(o.len(), rope) {
         let x = theta * (KEY_OFFSET_BLOCK / 2) as f64;
         let s = if x == 0.0 { 1.0 } else { x.sin() / x };
         o[a] = (f64::from(o[a]) * s) as f32;
@@ -262,17 +255,24 @@ fn shrink(o: &mut [f32], rope: &Rope) {
     }
 }
 
-/// `out ← R_angle(x)`: each RoPE pair of `x` turned by `angle · θ_i` (`θ_i =
-/// base^(−2i/d)`), in f64, rounded once. A negative `angle` turns it back.
-fn rotate(x: &[f32], angle: f64, rope: &Rope, out: &mut [f32]) {
-    let d = x.len();
+/// The RoPE pairs of a head of `d` values, `(a, b, θ_i)` for `i in 0..d/2`: the
+/// elements turned together under `rope`'s pairing, and the pair's frequency
+/// `θ_i = base^(−2i/d)`.
+fn pairs(d: usize, rope: &Rope) -> impl Iterator<Item = (usize, usize, f64)> + '_ {
     let half = d / 2;
-    for i in 0..half {
+    (0..half).map(move |i| {
         let (a, b) = match rope.style {
             RopeStyle::Interleaved => (2 * i, 2 * i + 1),
             RopeStyle::Halves => (i, i + half),
         };
-        let theta = f64::from(rope.base).powf(-2.0 * i as f64 / d as f64);
+        (a, b, f64::from(rope.base).powf(-2.0 * i as f64 / d as f64))
+    })
+}
+
+/// `out ← R_angle(x)`: each RoPE pair of `x` turned by `angle · θ_i` (`θ_i =
+/// base^(−2i/d)`), in f64, rounded once. A negative `angle` turns it back.
+fn rotate(x: &[f32], angle: f64, rope: &Rope, out: &mut [f32]) {
+    for (a, b, theta) in pairs(x.len(), rope) {
         let (sin, cos) = (angle * theta).sin_cos();
         let (xa, xb) = (f64::from(x[a]), f64::from(x[b]));
         out[a] = (xa * cos - xb * sin) as f32;

@@ -4,7 +4,8 @@
 //! fuzzer can reach the checks behind the checksum.
 
 use kvcore::kv::KvRows;
-use kvcore::{KvStore, Session};
+use kvcore::model::Llama;
+use kvcore::{Backend, KvStore, Session, SessionError};
 use sha2::{Digest, Sha256};
 
 /// Bytes of the trailing checksum of a session file.
@@ -26,6 +27,36 @@ pub struct SessionSnapshot {
     pub bytes: usize,
     /// [`rows`] of the store.
     pub rows: Vec<Vec<u8>>,
+}
+
+/// `s` saved with the blob `meta`, as the bytes of a session file (the length
+/// [`Session::write_to`] reports checked against them).
+pub fn to_bytes<B: Backend, K: KvStore>(s: &Session<K>, model: &Llama<B>, meta: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let n = s
+        .write_to(model, meta, &mut out)
+        .expect("the session saves");
+    assert_eq!(n, out.len() as u64);
+    out
+}
+
+/// Restores `bytes` into `target` (the blob accepted as it is), asserting that it fails
+/// and leaves the session exactly as it was ([`snapshot`]); returns the error.
+pub fn fails<B: Backend, K: KvStore>(
+    model: &Llama<B>,
+    target: &mut Session<K>,
+    bytes: &[u8],
+) -> SessionError {
+    let before = snapshot(target);
+    let err = target
+        .restore_from(model, bytes, bytes.len() as u64, |m| Ok(m.to_vec()))
+        .expect_err("the file must not load");
+    assert_eq!(
+        snapshot(target),
+        before,
+        "a failed restore ({err}) changed the session"
+    );
+    err
 }
 
 /// A [`SessionSnapshot`] of `s`.

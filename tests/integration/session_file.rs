@@ -17,7 +17,7 @@ use kvcore::{
 };
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
-use kvcore_test_support::session::{reseal, rows, snapshot};
+use kvcore_test_support::session::{fails, reseal, rows, snapshot, to_bytes};
 use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -75,31 +75,6 @@ fn session_typed<B: Backend>(
         s.prefill(model, ids).unwrap();
     }
     s
-}
-
-fn to_bytes<B: Backend, K: KvStore>(s: &Session<K>, model: &Llama<B>, meta: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let n = s.write_to(model, meta, &mut out).unwrap();
-    assert_eq!(n, out.len() as u64);
-    out
-}
-
-/// Restores `bytes` into `target`, asserting that it fails and changes nothing.
-fn fails<B: Backend, K: KvStore>(
-    model: &Llama<B>,
-    target: &mut Session<K>,
-    bytes: &[u8],
-) -> SessionError {
-    let before = snapshot(target);
-    let err = target
-        .restore_from(model, bytes, bytes.len() as u64, |m| Ok(m.to_vec()))
-        .expect_err("a malformed file must not load");
-    assert_eq!(
-        snapshot(target),
-        before,
-        "a failed restore ({err}) changed the session"
-    );
-    err
 }
 
 fn put_u64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {

@@ -17,7 +17,7 @@ use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::VERSION;
 use kvcore::{Backend, GrowKv, KvStore, KvType, Session, SessionError};
 use kvcore_simd::Simd;
-use kvcore_test_support::session::{reseal, rows, snapshot};
+use kvcore_test_support::session::{fails, reseal, rows, to_bytes};
 
 const Q8: (KvType, KvType) = (KvType::Q8_0, KvType::Q8_0);
 /// The stores' ceiling: two offset blocks of 256.
@@ -56,33 +56,6 @@ fn without_offsets(model: &Llama<Simd>) -> Session<GrowKv> {
     let s = Session::new(GrowKv::with_types(model.kv_geometry(), CTX, Q8).unwrap());
     assert!(s.kv().key_offsets().is_none());
     s
-}
-
-fn to_bytes<B: Backend, K: KvStore>(s: &Session<K>, model: &Llama<B>) -> Vec<u8> {
-    let mut out = Vec::new();
-    let n = s.write_to(model, META, &mut out).unwrap();
-    assert_eq!(n, out.len() as u64);
-    out
-}
-
-/// Restores `bytes` into `target`, asserting that it fails and changes nothing.
-fn fails<B: Backend, K: KvStore>(
-    model: &Llama<B>,
-    target: &mut Session<K>,
-    bytes: &[u8],
-) -> SessionError {
-    let before = snapshot(target);
-    let err = target
-        .restore_from(model, bytes, bytes.len() as u64, |m| Ok(m.to_vec()))
-        .expect_err("the file must not load");
-    assert_eq!(
-        snapshot(target),
-        before,
-        "a failed restore ({err}) changed the session"
-    );
-    // Every message formats.
-    assert!(!err.to_string().is_empty());
-    err
 }
 
 fn put_u64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {
@@ -176,7 +149,7 @@ fn q8_session_with_key_offsets_round_trips_bitwise() {
         assert_eq!(loaded.tokens(), never.tokens());
         assert_eq!(rows(loaded.kv()), rows(never.kv()));
         assert_eq!(
-            to_bytes(&loaded, &model),
+            to_bytes(&loaded, &model, META),
             bytes,
             "writes back to the same file"
         );
@@ -191,7 +164,7 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
     let model = load_smollm2(Simd::new());
     let mut saved = with_offsets(&model, CTX);
     saved.prefill(&model, &prompt(&model, PROMPT)).unwrap();
-    let bytes = to_bytes(&saved, &model);
+    let bytes = to_bytes(&saved, &model, META);
 
     let mut empty = without_offsets(&model);
     let err = fails(&model, &mut empty, &bytes);
@@ -250,7 +223,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
     let n = 40;
     let mut plain = without_offsets(&model);
     plain.prefill(&model, &prompt(&model, n)).unwrap();
-    let bytes = to_bytes(&plain, &model);
+    let bytes = to_bytes(&plain, &model, META);
     assert_eq!(u64_at(&bytes, means_at(n)), 0, "no key offsets recorded");
 
     let mut target = with_offsets(&model, CTX);
@@ -289,7 +262,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
         same.restore_from(&model, &file[..], file.len() as u64, |_| Ok(()))
             .unwrap();
         assert_eq!(rows(same.kv()), rows(plain.kv()));
-        assert_eq!(to_bytes(&same, &model), bytes);
+        assert_eq!(to_bytes(&same, &model, META), bytes);
     }
 }
 
@@ -300,7 +273,7 @@ fn a_corrupt_key_offsets_count_is_a_clear_error() {
     let count = n_means(&model) as u64;
     let mut saved = with_offsets(&model, CTX);
     saved.prefill(&model, &prompt(&model, n)).unwrap();
-    let good = to_bytes(&saved, &model);
+    let good = to_bytes(&saved, &model, META);
     let at = means_at(n);
     assert_eq!(u64_at(&good, at), count);
     let mut target = with_offsets(&model, CTX);
@@ -336,7 +309,7 @@ fn a_corrupt_key_offsets_count_is_a_clear_error() {
     // A file of f32 keys has no key offsets: only 0 is allowed.
     let mut f32_session = Session::new(GrowKv::new(model.kv_geometry(), CTX).unwrap());
     f32_session.prefill(&model, &prompt(&model, n)).unwrap();
-    let f32_file = to_bytes(&f32_session, &model);
+    let f32_file = to_bytes(&f32_session, &model, META);
     let mut f32_target = Session::new(GrowKv::new(model.kv_geometry(), CTX).unwrap());
     let err = fails(
         &model,

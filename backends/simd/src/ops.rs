@@ -507,7 +507,7 @@ pub(crate) fn attention_part<K: Kernel>(
     debug_assert!(
         !kv.has_key_offsets()
             || segs.last().is_none_or(|s| {
-                let last = (s.start() + s.len()).min(positions.end) - 1;
+                let last = (s.start() + s.len()).min(positions.end).saturating_sub(1);
                 block_pos.is_some_and(|p| p / KEY_OFFSET_BLOCK == last / KEY_OFFSET_BLOCK)
             }),
         "one key offset per part"
