@@ -248,6 +248,22 @@ pub trait Backend: Send + Sync {
         f()
     }
 
+    /// Runs `a` and `b`, at the same time where the backend has threads for it, and
+    /// returns both results: independent matmuls of one input (Q, K and V; gate and
+    /// up) as one parallel region, so a thread done with its share of one takes pieces
+    /// of the other instead of waiting at a join. Results must not depend on it. The
+    /// default runs `a`, then `b`.
+    fn join<A: Send, C: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> C + Send,
+    ) -> (A, C)
+    where
+        Self: Sized,
+    {
+        (a(), b())
+    }
+
     /// GEMV, the decode path: `y ← W x`.
     ///
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`. Accumulates in f32.

@@ -51,7 +51,6 @@ use crate::backend::{AttnJob, AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope,
 use crate::gguf::GgufFile;
 use crate::kv::{Append, GrowKv, KeyOffsets, KvError, KvGeometry, KvStore, KvType, WindowKv};
 use ndarray::{Array2, Axis, s};
-use std::cell::OnceCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -111,7 +110,7 @@ struct Input<'x> {
     /// The rows quantised to 8 bits, ascending (empty: none, the f32 path).
     q8_rows: Vec<usize>,
     /// Per layout, one quantised row per entry of `q8_rows`.
-    q8: [OnceCell<Vec<Q8Acts>>; 2],
+    q8: [OnceLock<Vec<Q8Acts>>; 2],
 }
 
 /// One sequence's share of a forward pass: the position of its first token and its rows
@@ -450,7 +449,7 @@ impl<B: Backend> Llama<B> {
         Input {
             x,
             q8_rows,
-            q8: [OnceCell::new(), OnceCell::new()],
+            q8: [OnceLock::new(), OnceLock::new()],
         }
     }
 
@@ -480,6 +479,16 @@ impl<B: Backend> Llama<B> {
             rows.push(q);
         }
         Ok(Some(cell.get_or_init(|| rows)))
+    }
+
+    /// Quantises `x`'s 8-bit rows for `m`'s layout now (when it takes them), so that
+    /// matmuls of `x` run side by side ([`Backend::join`]) find them done rather than
+    /// each quantising them.
+    fn prepare(&self, m: MatRef, x: &Input<'_>) -> Result<(), ModelError> {
+        if let Some(layout) = Q8Layout::of(self.weights(m).dtype()) {
+            self.input_q8(x, layout)?;
+        }
+        Ok(())
     }
 
     /// `Y ← X Wᵀ` for `x: [n, cols]`: a GEMV for one token, a GEMM for several; with the
@@ -752,9 +761,12 @@ impl<B: Backend> Llama<B> {
             // Attention.
             let xn = self.rms_norm(&x, &blk.attn_norm)?; // [N, d_model]
             let xn = self.input(&xn, &groups);
-            let mut q = self.matmul(blk.wq, &xn)?; // [N, q_dim]
-            let mut k = self.matmul(blk.wk, &xn)?; // [N, kv_dim]
-            let v = self.matmul(blk.wv, &xn)?; // [N, kv_dim]
+            self.prepare(blk.wq, &xn)?;
+            let (q, (k, v)) = b.join(
+                || self.matmul(blk.wq, &xn),
+                || b.join(|| self.matmul(blk.wk, &xn), || self.matmul(blk.wv, &xn)),
+            );
+            let (mut q, mut k, v) = (q?, k?, v?); // [N, q_dim], [N, kv_dim], [N, kv_dim]
             if let Some((q_norm, k_norm)) = &blk.qk_norm {
                 // Rows of [N·heads, head_dim]: one RMSNorm per head.
                 q = self
@@ -819,8 +831,12 @@ impl<B: Backend> Llama<B> {
             // Feed-forward (SwiGLU or GeGLU).
             let xn = self.rms_norm(&x, &blk.ffn_norm)?; // [N, d_model]
             let xn = self.input(&xn, &groups);
-            let gate = self.matmul(blk.w_gate, &xn)?; // [N, ffn_dim]
-            let up = self.matmul(blk.w_up, &xn)?; // [N, ffn_dim]
+            self.prepare(blk.w_gate, &xn)?;
+            let (gate, up) = b.join(
+                || self.matmul(blk.w_gate, &xn),
+                || self.matmul(blk.w_up, &xn),
+            );
+            let (gate, up) = (gate?, up?); // [N, ffn_dim] each
             let mut h = Array2::<f32>::zeros(gate.raw_dim()); // [N, ffn_dim]
             let (g, u, hs) = (
                 gate.as_slice().expect("std"),

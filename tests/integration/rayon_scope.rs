@@ -98,3 +98,50 @@ fn a_panicking_pass_propagates_and_leaves_the_backend_usable() {
         assert_eq!(bits(&pool.scope(|| case.run(&pool))), want);
     });
 }
+
+/// `Backend::join` inside and outside a scope, on 1 and 2 threads: both closures run
+/// (each a parallel GEMV of its own, nested in the join), the results come back in
+/// order with the inner backend's bits, and nested joins complete.
+#[test]
+fn joins_return_both_results_in_order() {
+    within_watchdog("joins", || {
+        let (case, want) = gemv_case();
+        let other = Gemv::new(DType::Q8_0, 576, 1536, 0x7a11);
+        let other_want = bits(&other.run(&Simd::new()));
+        for threads in [1, 2] {
+            let pool = Rayon::new(Simd::new(), threads).expect("pool");
+            let (a, b) = pool.join(|| case.run(&pool), || other.run(&pool));
+            assert_eq!((bits(&a), bits(&b)), (want.clone(), other_want.clone()));
+            let (a, (b, c)) = pool.scope(|| {
+                pool.join(
+                    || case.run(&pool),
+                    || pool.join(|| other.run(&pool), || case.run(&pool)),
+                )
+            });
+            assert_eq!(bits(&a), want, "{threads} threads");
+            assert_eq!(bits(&b), other_want, "{threads} threads");
+            assert_eq!(bits(&c), want, "{threads} threads");
+        }
+    });
+}
+
+/// A panic in either closure of a join reaches the caller, and the backend stays usable.
+#[test]
+fn a_panicking_join_propagates_and_leaves_the_backend_usable() {
+    within_watchdog("panicking join", || {
+        let pool = Rayon::new(Simd::new(), 2).expect("pool");
+        let (case, want) = gemv_case();
+        for first in [true, false] {
+            let caught = catch_unwind(AssertUnwindSafe(|| {
+                pool.scope(|| {
+                    pool.join(
+                        || assert!(!first, "deliberate"),
+                        || assert!(first, "deliberate"),
+                    )
+                })
+            }));
+            assert!(caught.is_err(), "the panic did not reach the caller");
+        }
+        assert_eq!(bits(&pool.scope(|| case.run(&pool))), want);
+    });
+}

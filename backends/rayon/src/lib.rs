@@ -311,6 +311,20 @@ impl<B: Backend> Backend for Rayon<B> {
         })
     }
 
+    /// `rayon::join` on this backend's pool: `b` waits on the calling worker's deque
+    /// while it runs `a`, for the other workers to take (and each op's own pieces
+    /// likewise), so the two ops share one region of work instead of two in a row.
+    fn join<A: Send, C: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> C + Send,
+    ) -> (A, C) {
+        if self.threads == 1 {
+            return (a(), b());
+        }
+        self.pool.install(|| rayon::join(a, b))
+    }
+
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv(w, x, y)?;
         self.split_rows(w, y, |w, y| self.inner.gemv(w, x, y))

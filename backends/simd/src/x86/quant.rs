@@ -386,7 +386,8 @@ const FUSED_X_BYTES: usize = 24 << 10;
 
 /// [`FUSED_X_BYTES`] for the AVX-512F kernel, which decodes two rows' blocks per pass at
 /// half the instructions: `[576, 1536]` Q4_1 (Q8_0) with 8 tokens, 48 KiB, took 117 (130)
-/// µs straight from the blocks against 170 (162) through the decoded panels
+/// µs straight from the blocks against 170 (162) through the decoded panels, and takes
+/// 97–100 (99–101) µs since its activations are interleaved by token pairs
 /// (`cargo bench --bench kernels -- gemm_few`, Zen 5, L1d 48 KiB).
 const FUSED_X_BYTES_AVX512: usize = 48 << 10;
 
