@@ -54,6 +54,8 @@ trait Rows: Copy {
     }
     /// Value `j` of row `t` as f32 (bounds-checked).
     fn get(&self, t: usize, j: usize) -> f32;
+    /// Prefetches row `t` (if it exists) into L1.
+    fn prefetch(&self, t: usize);
 }
 
 /// A row-strided run of `rows` rows of `units` `T`s: the raw form of an `ArrayView2`
@@ -96,6 +98,23 @@ impl<'a, T> Raw<'a, T> {
         unsafe { self.ptr.offset(t as isize * self.stride).add(u) }
     }
 
+    /// Prefetches row `t` into L1 line by line, if it exists (a prefetch never
+    /// faults).
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        if t >= self.rows {
+            return;
+        }
+        let bytes = self.units * std::mem::size_of::<T>();
+        // SAFETY: `t < rows`, so row `t` starts inside the view.
+        let row = unsafe { self.at(t, 0) }.cast::<u8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: `prefetcht0` is SSE (every x86_64 CPU); `off < bytes` stays inside
+            // row `t`, and a prefetch never faults anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast()) };
+        }
+    }
+
     /// Unit `u` of row `t`, bounds-checked.
     fn unit(&self, t: usize, u: usize) -> &'a T {
         assert!(t < self.rows && u < self.units, "head rows index");
@@ -117,6 +136,10 @@ impl Rows for F32Rows<'_> {
     fn rows(&self) -> usize {
         self.0.rows
     }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
     fn head_dim(&self) -> usize {
         self.0.units
     }
@@ -135,6 +158,10 @@ impl Rows for F16Rows<'_> {
     fn rows(&self) -> usize {
         self.0.rows
     }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
     fn head_dim(&self) -> usize {
         self.0.units
     }
@@ -152,6 +179,10 @@ impl Rows for F16Rows<'_> {
 impl Rows for Bf16Rows<'_> {
     fn rows(&self) -> usize {
         self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
     }
     fn head_dim(&self) -> usize {
         self.0.units
@@ -191,6 +222,10 @@ impl Q8Rows<'_> {
 impl Rows for Q8Rows<'_> {
     fn rows(&self) -> usize {
         self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
     }
     fn head_dim(&self) -> usize {
         self.0.units * Q8_0_BLOCK
@@ -284,6 +319,7 @@ fn weighted_cols<R: Rows, const NV: usize, const C: usize>(
     let n = rows.rows();
     assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
     for t in 0..n {
+        rows.prefetch(t + 8);
         let mut x = [_mm256_setzero_ps(); C];
         if whole {
             // SAFETY: `t < rows`, `c0 + 32 ≤ hd` (the caller's loop), `c0` a multiple of
@@ -447,6 +483,10 @@ fn scores_by_8<R: Rows, const CH: usize>(
     let sc = _mm256_set1_ps(scale);
     for t0 in (0..n).step_by(8) {
         let m = (n - t0).min(8);
+        // The block after next, from memory while these two are scored.
+        for t in t0 + 16..t0 + 24 {
+            rows.prefetch(t);
+        }
         for (r, row) in buf.iter_mut().enumerate() {
             let t = t0 + r.min(m - 1);
             for (c4, x) in row.chunks_exact_mut(4).enumerate() {

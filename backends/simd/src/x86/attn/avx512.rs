@@ -62,6 +62,10 @@ pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
     let mut buf = [[_mm512_setzero_ps(); CH]; 4];
     for t0 in (0..n).step_by(8) {
         let m = (n - t0).min(8);
+        // The block after next, from memory while these two are scored.
+        for t in t0 + 16..t0 + 24 {
+            rows.prefetch(t);
+        }
         for (i, pair) in buf.iter_mut().enumerate() {
             let (t, u) = (t0 + i.min(m - 1), t0 + (i + 4).min(m - 1));
             for (c4, x) in pair.chunks_exact_mut(4).enumerate() {
@@ -201,6 +205,7 @@ fn cols<R: Rows16, const NV: usize, const C: usize>(
         }
     }
     for t in 0..n {
+        rows.prefetch(t + 8);
         let mut x = [_mm512_setzero_ps(); C];
         for (c, xc) in x.iter_mut().enumerate() {
             // SAFETY: `t < n` and `c0 + 16c + 16 ≤ hd` (asserted above), `c0` a multiple
