@@ -48,8 +48,8 @@ std::thread_local! {
     /// The angles of recent positions on this thread, slot `pos % CACHED_POSITIONS`: a
     /// pass calls `rope` twice per layer (queries, keys) at the same positions, so a
     /// decode step of 8 sequences would otherwise compute the same 8 rows of `pow`,
-    /// `sin` and `cos` 2·n_layers times (5 % of the step). The cached values are the ones
-    /// computed, so results never depend on the cache.
+    /// `sin` and `cos` 2·n_layers times (~0.4 ms of a 12 ms step, 2 threads). The cached
+    /// values are the ones computed, so results never depend on the cache.
     static CACHE: std::cell::RefCell<Vec<Cached>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
