@@ -330,6 +330,42 @@ fn check_gemv_q8(s: &Simd, m: &Matrix, x: &[f32]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `gemv_q8` of a 32-weight format whose first block in row `i` has the f16 scale with
+/// bit pattern `i` (all 65 536: normal, subnormal, zeros, ±inf, NaNs; `Q4_1`'s `m` the
+/// pattern `40 503·i mod 2^16`, also every one) and a random second block, against the
+/// reference: not finite where it is not (a NaN, or the same infinity: the kernels
+/// scale partial dots, so an infinite scale times a zero partial makes a NaN where the
+/// reference's one product is infinite), else within `check_gemv_q8`'s bound. The SIMD128 kernels widen the scales by a shortcut that is
+/// exact for finite values only and compute a row pair with a non-finite scale again.
+fn check_gemv_q8_every_scale(s: &Simd, dtype: DType) -> Result<(), TestCaseError> {
+    let mut v = Values(400 + u64::from(dtype.ggml_type()));
+    let (rows, cols, bb) = (1 << 16, 2 * QK, dtype.block_bytes());
+    let mut m = Matrix::new(dtype, rows, cols, 0, &mut v);
+    for (i, row) in m.bytes.chunks_exact_mut(2 * bb).enumerate() {
+        row[..2].copy_from_slice(&(i as u16).to_le_bytes());
+        if dtype == DType::Q4_1 {
+            row[2..4].copy_from_slice(&((i as u32 * 40_503) as u16).to_le_bytes());
+        }
+    }
+    let xq = Q8Acts::from_f32(Q8Layout::Q8_0, &v.vec(cols)).expect("whole blocks");
+    let (mut got, mut want) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+    let w = m.weights();
+    s.gemv_q8(&w, &xq, &mut got).expect("shapes");
+    q8::gemv_reference(&w, &xq, &mut want).expect("shapes");
+    let k = 9.0 * 2.0;
+    for (r, (&g, &e)) in got.iter().zip(&want).enumerate() {
+        let what = format!("gemv_q8 {dtype}, scale bits {r:#06x}: got {g:e}, want {e:e}");
+        if e.is_nan() || e.is_infinite() {
+            prop_assert!(g.is_nan() || g == e, "{}", what);
+            continue;
+        }
+        let mag: f64 = q8::row_terms(&w, r, &xq).map(|(_, a)| a).sum();
+        let err = (f64::from(g) - f64::from(e)).abs();
+        prop_assert!(err <= (k + 3.0) * (U * mag + TINY), "{}", what);
+    }
+    Ok(())
+}
+
 /// GEMM `Y ← X Wᵀ` for `n` tokens on one matrix.
 fn check_gemm(s: &Simd, m: &Matrix, n: usize, v: &mut Values) -> Result<(), TestCaseError> {
     let x = v.vec(n * m.cols);
@@ -759,6 +795,11 @@ fn check_path(report: &mut Report, s: &Simd) {
             }
             Ok(())
         });
+        if dt.block_len() == QK {
+            report.fixed(&format!("{p}: gemv_q8 {dt}, every f16 scale"), || {
+                check_gemv_q8_every_scale(s, dt)
+            });
+        }
         report.fixed(&format!("{p}: gemv_q8 {dt}, special activations"), || {
             let mut v = Values(300);
             let layout = Q8Layout::of(dt).expect("8-bit path");

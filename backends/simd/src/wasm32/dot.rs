@@ -304,3 +304,22 @@ pub(super) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         f32x4_mul(minus_2s, mul_add(g, c, g3))
     });
 }
+
+/// Reads one byte of each 64-byte cache line of piece `i + 1` of `data` cut into
+/// `unit`-byte pieces (nothing past the end), and drops it. WebAssembly has no prefetch
+/// instruction, and the hardware prefetchers stop at every 4 KiB page of the weights, so
+/// the GEMVs touch the next row (or row pair) before they multiply one: its lines are
+/// then fetched side by side, not one page's first lines after another as the loop
+/// reaches them. SmolLM2's 8-bit decode under wasmtime on a Zen 5: 75 → 100+ tok/s
+/// (BENCHMARKS.md); touching two or more pieces ahead measured slower than one.
+#[inline(always)]
+pub(super) fn touch_next(data: &[u8], unit: usize, i: usize) {
+    let start = (i + 1) * unit;
+    if let Some(piece) = data.get(start..(start + unit).min(data.len())) {
+        for line in piece.chunks(64) {
+            // SAFETY: `line` is a non-empty chunk of `data`, so its first byte is in
+            // bounds; a volatile read is emitted even though its value is unused.
+            unsafe { core::ptr::read_volatile(line.as_ptr()) };
+        }
+    }
+}

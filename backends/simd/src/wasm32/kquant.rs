@@ -27,7 +27,7 @@
 //! then a rounded add), summed at the end; compared with the scalar reference only the
 //! order of the sum (and the scalar's own fusing, if any) differs.
 
-use super::dot::{hsum, load, store};
+use super::dot::{hsum, load, store, touch_next};
 use super::quant::{f16_at, i8x16_to_f32, join, load_bytes};
 use core::arch::wasm32::*;
 use kvcore::backend::{QK, Weights};
@@ -162,11 +162,21 @@ pub(super) fn gemv(fmt: Format, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
     }
     // One loop per format, each with `fmt` a constant in the inlined `dot` and `chunk`:
     // a `chunk` call per 32 weights would return its eight vectors through the stack.
-    let rows = w.data().chunks_exact(rb).zip(y.iter_mut());
+    let data = w.data();
+    let rows = data.chunks_exact(rb).zip(y.iter_mut()).enumerate();
     match fmt {
-        Format::Q5_0 => rows.for_each(|(r, yr)| *yr = dot(Format::Q5_0, r, x)),
-        Format::Q4_K => rows.for_each(|(r, yr)| *yr = dot(Format::Q4_K, r, x)),
-        Format::Q6_K => rows.for_each(|(r, yr)| *yr = dot(Format::Q6_K, r, x)),
+        Format::Q5_0 => rows.for_each(|(i, (r, yr))| {
+            touch_next(data, rb, i);
+            *yr = dot(Format::Q5_0, r, x);
+        }),
+        Format::Q4_K => rows.for_each(|(i, (r, yr))| {
+            touch_next(data, rb, i);
+            *yr = dot(Format::Q4_K, r, x);
+        }),
+        Format::Q6_K => rows.for_each(|(i, (r, yr))| {
+            touch_next(data, rb, i);
+            *yr = dot(Format::Q6_K, r, x);
+        }),
     }
 }
 

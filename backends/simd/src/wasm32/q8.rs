@@ -22,8 +22,10 @@
 //!     sign-extended. The block's four i32 lanes are converted to f32 (exact: `|i| < 2^24`)
 //!     and `acc ← acc + (d_w·d_a)·i` (a rounded multiply, then a rounded add: SIMD128 has
 //!     no FMA). The scales of both rows' blocks are loaded as lanes and widened from f16
-//!     in one vector (`[d_0, m_0, d_1, m_1]`, `m = d` for the formats without one; exact
-//!     for finite scales, see `scales_to_f32`) and multiplied by
+//!     in one vector (`[d_0, m_0, d_1, m_1]`, `m = d` for the formats without one) by
+//!     `finite_scales_to_f32`, four operations, exact for finite scales (a row pair with
+//!     an infinite or NaN scale is computed again with the exact `scales_to_f32`), and
+//!     multiplied by
 //!     `[d_a, k·d_a s, d_a, k·d_a s]`, built once per call from `Q8Acts::scale_pairs`
 //!     (`k = −8, −16, 1, 0` for `Q4_0`, `Q5_0`, `Q4_1`, `Q8_0`; `k·(d_a s)` is exact, a
 //!     power of two), so lanes 0 and 2 are the blocks' factors `d_w·d_a` and lanes 1 and 3
@@ -31,6 +33,7 @@
 //!     summed in a vector of their own. At the end the lanes are summed and the offsets
 //!     added. Against the reference (each term exact, summed in f64) only the rounding of
 //!     `d_w·d_a`, the multiply-adds and the final sums differ.
+//!     Before a row pair, the next pair's cache lines are touched (`dot::touch_next`).
 //!   - With relaxed SIMD (`target_feature = "relaxed-simd"`), `Q4_0`, `Q4_1` and `Q5_0`
 //!     skip the widening: `dot2_i7` takes the activation bytes as they are and the
 //!     weights as bytes `0..32`, the relaxed dot's 7-bit operand (exact on every
@@ -47,7 +50,7 @@
 //!     `Q6_K`'s quants are assembled in byte lanes (`ql` nibble, `qh` bits shifted to bits
 //!     4 and 5 by constant shifts, minus 32) and then sign-extended.
 
-use super::dot::{hsum, load};
+use super::dot::{hsum, load, touch_next};
 use super::quant::{f16_at, load_bytes};
 use core::arch::wasm32::*;
 use core::cell::RefCell;
@@ -212,8 +215,9 @@ impl Legacy {
         }
     }
 
-    /// The f16 bit patterns of the scales of blocks `b0` and `b1` in four u32 lanes,
-    /// `[d_0, m_0, d_1, m_1]` (`m = d` but for `Q4_1`), by lane loads.
+    /// The f16 bit patterns of the scales of blocks `b0` and `b1` in i16 lanes `0..4`,
+    /// `[d_0, m_0, d_1, m_1]` (`m = d` but for `Q4_1`), by lane loads; lanes `4..8` are
+    /// zero or copies of `d_0`.
     ///
     /// # Panics
     /// If a block is shorter than 4 bytes.
@@ -233,7 +237,7 @@ impl Legacy {
                 v128_load16_lane::<3>(v128_load16_lane::<2>(v, p1.cast()), p1.cast())
             }
         };
-        u32x4_extend_low_u16x8(h)
+        h
     }
 
     /// Block `b`'s 32 weights (without the offset) as four i16 vectors, in order.
@@ -317,19 +321,78 @@ impl Legacy {
     }
 }
 
-/// Four f16 scales (bit patterns in u32 lanes) widened to f32: exact for finite values
-/// (`(h & 0x7fff) << 13` as f32 times `2^112`, the sign moved to bit 31), ±inf for
+/// Four f16 scales (bit patterns in i16 lanes `0..4`) widened to f32: exact for finite
+/// values (`(h & 0x7fff) << 13` as f32 times `2^112`, the sign moved to bit 31), ±inf for
 /// ±inf, a NaN for a NaN (its payload not kept: a NaN scale makes the row NaN either
-/// way). Four operations fewer than `quant.rs`'s bit-exact `f16x4_to_f32`.
+/// way). Four operations fewer than `quant.rs`'s bit-exact `f16x4_to_f32`; the kernels
+/// take it only for a row pair with a non-finite scale (`finite_scales_to_f32`).
 #[inline(always)]
 fn scales_to_f32(h: v128) -> v128 {
+    let h = u32x4_extend_low_u16x8(h);
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let em = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
-    let rebased = f32x4_mul(em, f32x4_splat(f32::from_bits(0x7780_0000)));
+    let rebased = f32x4_mul(em, f32x4_splat(F16_REBASE));
     // Exponent 31 (inf or NaN) rebases to 2^16 or more; every finite f16 to less.
     let special = f32x4_ge(rebased, f32x4_splat(65536.0));
     let inf_nan = v128_or(em, u32x4_splat(0x7f80_0000));
     v128_or(v128_bitselect(inf_nan, rebased, special), sign)
+}
+
+/// `2^112`: an f16's exponent and mantissa placed at bits 13..28 of an f32 are the f16's
+/// value times `2^-112` (normal or subnormal), so one multiply rebases them exactly.
+const F16_REBASE: f32 = f32::from_bits(0x7780_0000);
+
+/// Four f16 scales (bit patterns in i16 lanes `0..4`) widened to f32 in four operations,
+/// exact for finite values, `scales_to_f32`'s value then: each lane sign-extended to
+/// i32 and shifted left by 13 has the exponent and mantissa at bits 13..28 and copies of
+/// the sign at bits 28..32; clearing bits 28..31 leaves the sign at bit 31 and the rest
+/// as `scales_to_f32` places it, and the multiply by `2^112` rebases it. An infinity or
+/// NaN (exponent 31) comes out finite, of magnitude `≥ 2^16` (above every finite f16):
+/// the kernels note those (`Special`) and compute such a row pair again with
+/// `scales_to_f32`.
+#[inline(always)]
+fn finite_scales_to_f32(h: v128) -> v128 {
+    let s = i32x4_shl(i32x4_extend_low_i16x8(h), 13);
+    f32x4_mul(
+        v128_and(s, u32x4_splat(0x8fff_ffff)),
+        f32x4_splat(F16_REBASE),
+    )
+}
+
+/// Whether any f16 scale a kernel widened was an infinity or a NaN (exponent 31): the
+/// largest `h << 1` (the sign shifted out) over i16 lanes, `≥ 0xf800` exactly then.
+#[derive(Clone, Copy)]
+struct Special(v128);
+
+impl Special {
+    #[inline(always)]
+    fn new() -> Special {
+        Special(u16x8_splat(0))
+    }
+
+    /// Notes the scales `h` (i16 lanes, as `scale_bits2` gives them).
+    #[inline(always)]
+    fn note(&mut self, h: v128) {
+        self.0 = u16x8_max(self.0, i16x8_shl(h, 1));
+    }
+
+    #[inline(always)]
+    fn seen(self) -> bool {
+        v128_any_true(u16x8_ge(self.0, u16x8_splat(0xf800)))
+    }
+}
+
+/// The block factors `[d_0·t_0, m_0·t_1, d_1·t_2, m_1·t_3]` of `dot2`/`dot2_i7`: the
+/// scales `h` widened by `finite_scales_to_f32` (`EXACT = false`, noting any non-finite
+/// one in `special`) or by `scales_to_f32`.
+#[inline(always)]
+fn factors<const EXACT: bool>(h: v128, t: v128, special: &mut Special) -> v128 {
+    if EXACT {
+        f32x4_mul(scales_to_f32(h), t)
+    } else {
+        special.note(h);
+        f32x4_mul(finite_scales_to_f32(h), t)
+    }
 }
 
 /// Two rows of `fmt` against the widened activations `a` (module docs); `t` holds
@@ -340,19 +403,35 @@ fn scales_to_f32(h: v128) -> v128 {
 /// If a row is not `a.len() / 32` blocks or `t` is not 4 values per block.
 #[inline(always)]
 fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
+    match dot2_with::<false>(fmt, rows, a, t) {
+        (y, false) => y,
+        _ => dot2_with::<true>(fmt, rows, a, t).0,
+    }
+}
+
+/// `dot2` with the scales widened by `factors::<EXACT>`, and whether a non-finite scale
+/// was seen by the fast widening (then only the exact one's result is right).
+#[inline(always)]
+fn dot2_with<const EXACT: bool>(
+    fmt: Legacy,
+    rows: [&[u8]; 2],
+    a: &[i16],
+    t: &[f32],
+) -> ([f32; 2], bool) {
     let bb = fmt.bytes();
     let n = a.len() / QK;
     assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
     let mut acc = [f32x4_splat(0.0); 2];
     // Lanes 1 and 3: the offset terms of rows 0 and 1.
     let mut offsets = f32x4_splat(0.0);
+    let mut special = Special::new();
     let blocks = rows[0]
         .chunks_exact(bb)
         .zip(rows[1].chunks_exact(bb))
         .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
     for ((b0, b1), (ab, tb)) in blocks {
         let av = acts32(ab);
-        let f = f32x4_mul(scales_to_f32(fmt.scale_bits2(b0, b1)), load(tb));
+        let f = factors::<EXACT>(fmt.scale_bits2(b0, b1), load(tb), &mut special);
         let i0 = f32x4_convert_i32x4(dot32(fmt.weights(b0), &av));
         let i1 = f32x4_convert_i32x4(dot32(fmt.weights(b1), &av));
         acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
@@ -367,7 +446,8 @@ fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
             f32x4_extract_lane::<3>(offsets),
         )
     };
-    [hsum(acc[0]) + o0, hsum(acc[1]) + o1]
+    let y = [hsum(acc[0]) + o0, hsum(acc[1]) + o1];
+    (y, !EXACT && special.seen())
 }
 
 /// `dot2` with the relaxed-SIMD dot (`Q4_0`, `Q4_1`, `Q5_0`): the 8-bit activations `a`
@@ -382,18 +462,34 @@ fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
 #[cfg(target_feature = "relaxed-simd")]
 #[inline(always)]
 fn dot2_i7(fmt: Legacy, rows: [&[u8]; 2], a: &[i8], t: &[f32]) -> [f32; 2] {
+    match dot2_i7_with::<false>(fmt, rows, a, t) {
+        (y, false) => y,
+        _ => dot2_i7_with::<true>(fmt, rows, a, t).0,
+    }
+}
+
+/// `dot2_i7` with the scales widened by `factors::<EXACT>` (see `dot2_with`).
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn dot2_i7_with<const EXACT: bool>(
+    fmt: Legacy,
+    rows: [&[u8]; 2],
+    a: &[i8],
+    t: &[f32],
+) -> ([f32; 2], bool) {
     let bb = fmt.bytes();
     let n = a.len() / QK;
     assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
     let mut acc = [f32x4_splat(0.0); 2];
     let mut offsets = f32x4_splat(0.0);
+    let mut special = Special::new();
     let blocks = rows[0]
         .chunks_exact(bb)
         .zip(rows[1].chunks_exact(bb))
         .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
     for ((b0, b1), (ab, tb)) in blocks {
         let (a0, a1) = (load_i8(ab), load_i8(&ab[16..]));
-        let f = f32x4_mul(scales_to_f32(fmt.scale_bits2(b0, b1)), load(tb));
+        let f = factors::<EXACT>(fmt.scale_bits2(b0, b1), load(tb), &mut special);
         let dot = |w: [v128; 2]| {
             let s = i16x8_add(
                 i16x8_relaxed_dot_i8x16_i7x16(a0, w[0]),
@@ -407,10 +503,11 @@ fn dot2_i7(fmt: Legacy, rows: [&[u8]; 2], a: &[i8], t: &[f32]) -> [f32; 2] {
         acc[1] = f32x4_add(acc[1], f32x4_mul(i1, i32x4_shuffle::<2, 2, 2, 2>(f, f)));
         offsets = f32x4_add(offsets, f);
     }
-    [
+    let y = [
         hsum(acc[0]) + f32x4_extract_lane::<1>(offsets),
         hsum(acc[1]) + f32x4_extract_lane::<3>(offsets),
-    ]
+    ];
+    (y, !EXACT && special.seen())
 }
 
 /// Sixteen i8 from `a[0..16]`.
@@ -449,7 +546,9 @@ fn gemv_legacy(
             .chunks_exact(2)
             .flat_map(|p| [p[0], k * p[1], p[0], k * p[1]]),
     );
-    for (r, yr) in w.data().chunks(2 * rb).zip(y.chunks_mut(2)) {
+    let data = w.data();
+    for (i, (r, yr)) in data.chunks(2 * rb).zip(y.chunks_mut(2)).enumerate() {
+        touch_next(data, 2 * rb, i);
         let (r0, r1) = if r.len() == 2 * rb {
             r.split_at(rb)
         } else {
@@ -604,14 +703,17 @@ pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         a.extend(x.values().iter().map(|&v| i16::from(v)));
         let a = a.as_slice();
         // One loop per format, each with its kernel inlined.
-        let rows = || w.data().chunks_exact(rb);
+        let data = w.data();
+        let rows = data.chunks_exact(rb).enumerate();
         match dtype {
-            DType::Q4_K => rows()
-                .zip(y.iter_mut())
-                .for_each(|(r, yr)| *yr = dot_q4_k(r, a, x)),
-            DType::Q6_K => rows()
-                .zip(y.iter_mut())
-                .for_each(|(r, yr)| *yr = dot_q6_k(r, a, x)),
+            DType::Q4_K => rows.zip(y.iter_mut()).for_each(|((i, r), yr)| {
+                touch_next(data, rb, i);
+                *yr = dot_q4_k(r, a, x)
+            }),
+            DType::Q6_K => rows.zip(y.iter_mut()).for_each(|((i, r), yr)| {
+                touch_next(data, rb, i);
+                *yr = dot_q6_k(r, a, x)
+            }),
             DType::Q4_0 => gemv_legacy(Legacy::Q4_0, w, x, y, |r, t| dot2(Legacy::Q4_0, r, a, t)),
             DType::Q4_1 => gemv_legacy(Legacy::Q4_1, w, x, y, |r, t| dot2(Legacy::Q4_1, r, a, t)),
             DType::Q5_0 => gemv_legacy(Legacy::Q5_0, w, x, y, |r, t| dot2(Legacy::Q5_0, r, a, t)),

@@ -32,12 +32,15 @@
 //! error `≤ γ·Σ_j (|d·q_j| + |m|)·|x_j|`). The plain formats use `dot.rs`'s order (four
 //! 4-lane accumulators), one row at a time.
 //!
+//! Every GEMV row loop touches the next row (or row pair) before it multiplies one
+//! (`dot::touch_next`: WebAssembly has no prefetch instruction).
+//!
 //! `dequantize` computes `d·q` (then `+ m` for `Q4_1`) with separately rounded
 //! multiplies and adds, bit for bit as the scalar decoder.
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::dot::{hsum, load, mul_add, store};
+use super::dot::{hsum, load, mul_add, store, touch_next};
 use super::kquant::{self, Format};
 use core::arch::wasm32::*;
 use half::f16;
@@ -343,10 +346,11 @@ fn gemv_blocks(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f3
 /// [`gemv_blocks`] on activations already in the GEMV order.
 #[inline(always)]
 fn gemv_blocks_t(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    let rb = w.row_bytes();
-    let mut pairs = w.data().chunks_exact(2 * rb);
+    let (rb, data) = (w.row_bytes(), w.data());
+    let mut pairs = data.chunks_exact(2 * rb);
     let mut yp = y.chunks_exact_mut(2);
-    for (r, yr) in pairs.by_ref().zip(yp.by_ref()) {
+    for (i, (r, yr)) in pairs.by_ref().zip(yp.by_ref()).enumerate() {
+        touch_next(data, 2 * rb, i);
         let (r0, r1) = r.split_at(rb);
         yr.copy_from_slice(&dot2_blocks(fmt, [r0, r1], x, sums));
     }
@@ -410,7 +414,9 @@ pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
         DType::Q4_1 => return gemv_blocks(Block::Q4_1, w, x, sums, y),
         _ => {}
     }
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
+    let data = w.data();
+    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
+        touch_next(data, rb, i);
         *yr = match dtype {
             DType::F32 => dot_plain::<F32>(r, x),
             DType::F16 => dot_plain::<F16>(r, x),

@@ -106,13 +106,10 @@ impl<'a, T> Raw<'a, T> {
             return;
         }
         let bytes = self.units * std::mem::size_of::<T>();
-        // SAFETY: `t < rows`, so row `t` starts inside the view.
-        let row = unsafe { self.at(t, 0) }.cast::<u8>();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: `prefetcht0` is SSE (every x86_64 CPU); `off < bytes` stays inside
-            // row `t`, and a prefetch never faults anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast()) };
-        }
+        // SAFETY: `t < rows`, so row `t`'s `units` values are inside the view, which
+        // borrows them for `'a`; any bytes are valid `u8`s.
+        let row = unsafe { std::slice::from_raw_parts(self.at(t, 0).cast::<u8>(), bytes) };
+        super::dot::prefetch_l1(row);
     }
 
     /// Unit `u` of row `t`, bounds-checked.
