@@ -48,7 +48,8 @@
 //!   (scales, sums and values) against `Q8Acts::quantize`, on random blocks and on blocks
 //!   with ties, NaN, ±inf, zeros and subnormal magnitudes. `gemv_q8` against
 //!   `q8::gemv_reference` (the exact value of the integer-dot formula, rounded once), for
-//!   every format with an 8-bit path: each activation block (32 or 256) contributes up to
+//!   every format with an 8-bit path (and, for the 32-weight formats, with every f16 bit
+//!   pattern as a block scale): each activation block (32 or 256) contributes up to
 //!   8 partial integer dot products (exact) scaled by `d_w·d_a` plus one offset term,
 //!   each with at most 3 roundings, so any summation order of the `K ≤ 9·blocks` terms
 //!   is within `(K + 3)·u·Σ_b mag_b` (`mag_b = |d_w·d_a|·Σ_j|w_j q_j| + |m·d_a·s|`, from
@@ -335,8 +336,9 @@ fn check_gemv_q8(s: &Simd, m: &Matrix, x: &[f32]) -> Result<(), TestCaseError> {
 /// pattern `40 503·i mod 2^16`, also every one) and a random second block, against the
 /// reference: not finite where it is not (a NaN, or the same infinity: the kernels
 /// scale partial dots, so an infinite scale times a zero partial makes a NaN where the
-/// reference's one product is infinite), else within `check_gemv_q8`'s bound. The SIMD128 kernels widen the scales by a shortcut that is
-/// exact for finite values only and compute a row pair with a non-finite scale again.
+/// reference's one product is infinite), else within `check_gemv_q8`'s bound. The
+/// SIMD128 kernels widen the scales by a shortcut that is exact for finite values only
+/// and compute a row pair with a non-finite scale again: this checks both.
 fn check_gemv_q8_every_scale(s: &Simd, dtype: DType) -> Result<(), TestCaseError> {
     let mut v = Values(400 + u64::from(dtype.ggml_type()));
     let (rows, cols, bb) = (1 << 16, 2 * QK, dtype.block_bytes());
