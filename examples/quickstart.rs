@@ -12,7 +12,7 @@ use std::error::Error;
 use std::path::PathBuf;
 
 use kvcore::gguf::GgufFile;
-use kvcore::model::{self, Llama, Logits, Sampler, SamplerParams};
+use kvcore::model::{self, Decoder, GenerateParams, Llama, Logits};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{GrowKv, KvStore, Session};
 use kvcore_rayon::Rayon;
@@ -35,29 +35,18 @@ fn main() -> Result<(), Box<dyn Error>> {
     // A session owns a KV store that grows on demand up to the model's context.
     let store = GrowKv::new(model.kv_geometry(), model.config().context_len)?;
     let mut session = Session::new(store);
-    let mut sampler = Sampler::with_params(SamplerParams::greedy())?;
+    let mut params = GenerateParams::default(); // greedy
+    params.max_tokens = Some(64);
     let mut messages = Vec::new();
     for question in ["What is the capital of France?", "And of Italy?"] {
         messages.push(ChatMessage::new("user", question));
         // The template's markup becomes control tokens; what the user wrote never does.
         let prompt = template.render_chat(&messages, true)?.encode(&tok);
-        let generation = model::generate(
-            &model,
-            &mut session,
-            &prompt,
-            64,
-            &mut sampler,
-            |id| tok.is_stop(id),
-            |_| {},
-        )
-        .map_err(|e| e.source)?;
-        let shown: Vec<u32> = generation
-            .tokens
-            .iter()
-            .copied()
-            .filter(|&id| !tok.is_stop(id))
-            .collect();
-        let reply = tok.decode(&shown)?;
+        // The decoder samples each token, turns it into text and decides when to stop.
+        let mut decoder = Decoder::new(&tok, &params, &prompt, session.kv().max_ctx())?;
+        let generation = model::generate(&model, &mut session, &prompt, &mut decoder, |_| true)
+            .map_err(|e| e.source)?;
+        let reply = decoder.text().to_string();
         let s = &generation.stats;
         println!("> {question}\n{reply}");
         println!(

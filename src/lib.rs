@@ -5,7 +5,8 @@
 //! - [`backend`]: the compute contract, [`Backend`], implemented by the crates under
 //!   `backends/` (`kvcore-scalar`, `kvcore-simd`, `kvcore-rayon`).
 //!
-//! - [`model`]: the Llama forward pass, [`model::generate()`] and the samplers.
+//! - [`model`]: the Llama forward pass, the [`model::Decoder`] (sampling, text, when to
+//!   stop) and [`model::generate()`].
 //! - [`session`]: a [`Session`] keeps a conversation's cache across turns and in files.
 //! - [`tokenizer`] and [`gguf`]: the model file, its tokenizer and chat template.
 //!
@@ -19,9 +20,9 @@
 //!
 //! ```no_run
 //! use kvcore::gguf::GgufFile;
-//! use kvcore::model::{self, Llama, Logits, Sampler, SamplerParams};
+//! use kvcore::model::{self, Decoder, GenerateParams, Llama, Logits};
 //! use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
-//! use kvcore::{GrowKv, Session};
+//! use kvcore::{GrowKv, KvStore, Session};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
@@ -32,17 +33,18 @@
 //!
 //! let store = GrowKv::new(model.kv_geometry(), model.config().context_len)?;
 //! let mut session = Session::new(store);
-//! let mut sampler = Sampler::with_params(SamplerParams::greedy())?;
+//! let params = GenerateParams::default(); // greedy, at most 128 tokens
 //! let mut messages = vec![];
 //! for question in ["What is the capital of France?", "And of Italy?"] {
 //!     messages.push(ChatMessage::new("user", question));
 //!     // Markup becomes control tokens, the user's text never does.
 //!     let prompt = template.render_chat(&messages, true)?.encode(&tok);
-//!     let out = model::generate(&model, &mut session, &prompt, 64, &mut sampler,
-//!                               |id| tok.is_stop(id), |_| {}).map_err(|e| e.source)?;
-//!     let reply = tok.decode(&out.tokens[..out.tokens.len() - usize::from(out.stopped)])?;
-//!     println!("{reply} ({} positions reused)", out.stats.reused_tokens);
-//!     messages.push(ChatMessage::new("assistant", reply));
+//!     // The decoder samples, turns tokens into text and decides when to stop.
+//!     let mut decoder = Decoder::new(&tok, &params, &prompt, session.kv().max_ctx())?;
+//!     let out = model::generate(&model, &mut session, &prompt, &mut decoder, |_| true)
+//!         .map_err(|e| e.source)?;
+//!     println!("{} ({} positions reused)", decoder.text(), out.stats.reused_tokens);
+//!     messages.push(ChatMessage::new("assistant", decoder.text()));
 //! }
 //!
 //! // Every position's logits in one pass, [n, vocab]: what a perplexity needs.

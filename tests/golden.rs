@@ -8,7 +8,8 @@
 mod common;
 
 use common::*;
-use kvcore::model::{Logits, Sampler, Sampling, generate};
+use kvcore::model::{Decoder, GenerateParams, Logits, generate};
+use kvcore::tokenizer::Tokenizer;
 use kvcore::{Backend, GrowKv, Session};
 
 const EOS_IM_END: u32 = 2;
@@ -17,6 +18,7 @@ struct Golden;
 
 impl PerBackend for Golden {
     fn run<B: Backend>(&self, backend: B) {
+        let tok = Tokenizer::from_gguf(&smollm2_file()).unwrap();
         let model = load_smollm2(backend);
         let c = model.config().clone();
         let backend_name = model.backend().name();
@@ -53,19 +55,13 @@ impl PerBackend for Golden {
                 last = model.forward(&mut kv, &[id], Logits::Last).unwrap();
             }
 
-            // Greedy generation through the sampler and stop rule.
+            // Greedy generation through the decoder: the sampler and the stop rule.
             let mut session = Session::new(GrowKv::new(c.kv_geometry(), c.context_len).unwrap());
-            let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
-            let g = generate(
-                &model,
-                &mut session,
-                &prompt_ids,
-                24,
-                &mut sampler,
-                |id| id == EOS_IM_END,
-                |_| {},
-            )
-            .unwrap();
+            let mut params = GenerateParams::default();
+            params.max_tokens = Some(24);
+            let mut decoder = Decoder::new(&tok, &params, &prompt_ids, c.context_len).unwrap();
+            let g = generate(&model, &mut session, &prompt_ids, &mut decoder, |_| true).unwrap();
+            assert!(tok.is_stop(EOS_IM_END));
             assert_eq!(
                 g.tokens, greedy_ids,
                 "{name}: greedy continuation ({backend_name})"

@@ -16,7 +16,9 @@
 mod common;
 
 use common::*;
-use kvcore::model::{Logits, Sampler, Sampling, generate};
+use kvcore::gguf::GgufFile;
+use kvcore::model::{Decoder, GenerateParams, Logits, generate};
+use kvcore::tokenizer::Tokenizer;
 use kvcore::{Backend, GrowKv, Session};
 
 /// The reference README: "every listed logit within 0.005 of the reference at every
@@ -44,6 +46,7 @@ struct Golden;
 
 impl PerBackend for Golden {
     fn run<B: Backend>(&self, backend: B) {
+        let tok = Tokenizer::from_gguf(&GgufFile::open(&gemma3_path()).unwrap()).unwrap();
         let model = load_gemma3(backend);
         let c = model.config().clone();
         let backend_name = model.backend().name();
@@ -106,17 +109,11 @@ impl PerBackend for Golden {
                 continue;
             }
             let mut session = Session::new(GrowKv::new(c.kv_geometry(), c.context_len).unwrap());
-            let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
-            let g = generate(
-                &model,
-                &mut session,
-                &prompt_ids,
-                24,
-                &mut sampler,
-                |id| STOPS.contains(&id),
-                |_| {},
-            )
-            .unwrap();
+            let mut params = GenerateParams::default();
+            params.max_tokens = Some(24);
+            let mut decoder = Decoder::new(&tok, &params, &prompt_ids, c.context_len).unwrap();
+            let g = generate(&model, &mut session, &prompt_ids, &mut decoder, |_| true).unwrap();
+            assert!(STOPS.iter().all(|&id| tok.is_stop(id)));
             assert_eq!(
                 g.tokens, greedy_ids,
                 "{name}: greedy continuation ({backend_name})"

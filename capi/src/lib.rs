@@ -1156,11 +1156,9 @@ pub unsafe extern "C" fn kvcore_session_generate(
                 ))
             })?),
         };
-        let request = GenerateParams {
-            max_tokens,
-            sampling: sampler_params(&p.sampling),
-            stop,
-        };
+        let mut request = GenerateParams::new(sampler_params(&p.sampling));
+        request.max_tokens = max_tokens;
+        request.stop = stop;
         let mut inner = lock(&s.inner, "session")?;
         let mut piece_buf: Vec<u8> = Vec::new();
         let c = s.engine.generate(&mut inner, prompt, &request, |piece| {

@@ -17,16 +17,15 @@
 use crate::ChatArgs;
 use crate::backends::{self, Job};
 use crate::commands::{
-    Shown, TextModel, TextStream, chat_ids, check_n, load_model, max_new, print_turn_stats,
-    split_result, stats_json, system_messages, threads,
+    Printer, TextModel, chat_ids, check_n, context_full, generate_params, load_model,
+    print_turn_stats, split_result, stats_json, system_messages, threads,
 };
 use anyhow::Context;
 use kvcore::gguf::GgufFile;
-use kvcore::model::{self, Generation, Llama, ModelError, Sampler};
+use kvcore::model::{self, Decoder, GenerateParams, Generation, Llama, ModelError, Sampler};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use kvcore::{Backend, KvError, KvStore, Session};
 use serde::{Deserialize, Serialize};
-use std::cell::Cell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -43,7 +42,7 @@ Ctrl-D ends the chat.";
 pub fn chat(a: ChatArgs) -> anyhow::Result<ExitCode> {
     a.store.check()?;
     check_n(a.n)?;
-    let sampler = a.sampling.sampler()?;
+    let params = generate_params(&a.sampling.sampling()?, a.n, &a.reply.stop);
     let threads = threads(&a.model)?;
     let (file, tok, template) = TextModel::open(&a.model)?.into_template()?;
     a.sampling.check_vocab(&tok)?;
@@ -51,7 +50,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<ExitCode> {
         file,
         tok,
         template,
-        sampler,
+        params,
         args: a,
     };
     backends::dispatch(job.args.model.backend, threads, job)
@@ -61,7 +60,7 @@ struct ChatJob {
     file: GgufFile,
     tok: Tokenizer,
     template: ChatTemplate,
-    sampler: Sampler,
+    params: GenerateParams,
     args: ChatArgs,
 }
 
@@ -72,7 +71,7 @@ impl Job for ChatJob {
             file,
             tok,
             template,
-            sampler,
+            params,
             args,
         } = self;
         let model = load_model(file, b, args.compute.activations)?;
@@ -86,7 +85,8 @@ impl Job for ChatJob {
             max_ctx,
             session,
             messages: system_messages(&args.reply),
-            sampler,
+            params,
+            sampler: None,
             turns: 0,
         };
         chat.run()?;
@@ -120,7 +120,9 @@ struct Chat<'a, B: Backend> {
     max_ctx: usize,
     session: Session<Box<dyn KvStore>>,
     messages: Vec<ChatMessage>,
-    sampler: Sampler,
+    params: GenerateParams,
+    /// The last turn's sampler: the next turn continues its draws.
+    sampler: Option<Sampler>,
     /// User turns so far (the number of the current one while it runs).
     turns: usize,
 }
@@ -243,7 +245,12 @@ impl<B: Backend> Chat<'_, B> {
         let (generation, error) = match self.prompt() {
             Err(message) => (None, Some(message)),
             Ok(ids) => {
-                let (generation, failure, shown) = self.reply(&ids)?;
+                let Reply {
+                    generation,
+                    failure,
+                    text,
+                    stop,
+                } = self.reply(&ids)?;
                 let error = failure.map(|e| match e {
                     ModelError::Kv(KvError::ContextOverflow { max_ctx, .. }) => format!(
                         "the context of {max_ctx} positions (--ctx) is full after {} generated tokens; the turn was dropped: /reset starts a new conversation",
@@ -251,11 +258,11 @@ impl<B: Backend> Chat<'_, B> {
                     ),
                     other => format!("generation failed ({other}); the turn was dropped"),
                 });
-                (Some((generation, shown)), error)
+                (Some((generation, text, stop)), error)
             }
         };
         let (generation, reply, stop) = match generation {
-            Some((g, shown)) => (Some(g), shown.text, shown.stop),
+            Some((g, text, stop)) => (Some(g), text, stop),
             None => (None, String::new(), None),
         };
         match &error {
@@ -272,7 +279,7 @@ impl<B: Backend> Chat<'_, B> {
                 "turn": self.turns,
                 "text": reply,
                 "tokens": generation.as_ref().map_or(&[][..], |g| &g.tokens[..]),
-                "stopped": generation.as_ref().is_some_and(|g| g.stopped),
+                "stopped": generation.as_ref().is_some_and(|g| g.stopped()),
                 "stop": stop,
                 "error": error,
                 "stats": generation
@@ -303,29 +310,42 @@ impl<B: Backend> Chat<'_, B> {
         Ok(ids)
     }
 
-    /// Generates the reply to `ids`, streaming it unless `--json`.
-    fn reply(&mut self, ids: &[u32]) -> anyhow::Result<(Generation, Option<ModelError>, Shown)> {
+    /// Generates the reply to `ids`, streaming it unless `--json`; the reply's text and
+    /// the stop string that ended it.
+    fn reply(&mut self, ids: &[u32]) -> anyhow::Result<Reply> {
         if self.args.no_reuse {
             self.session.clear();
         }
-        let tok = self.tok;
-        let stop_hit = Cell::new(false);
-        let mut stream = TextStream::new(tok, &self.args.reply.stop, !self.args.json);
-        let result = model::generate(
-            self.model,
-            &mut self.session,
-            ids,
-            max_new(self.args.n, ids.len(), self.max_ctx),
-            &mut self.sampler,
-            |id| tok.is_stop(id) || stop_hit.get(),
-            |id| {
-                if stream.push(id) {
-                    stop_hit.set(true);
-                }
-            },
-        );
-        let shown = stream.finish()?;
-        let (generation, failure) = split_result(result);
-        Ok((generation, failure, shown))
+        let mut decoder = Decoder::new(self.tok, &self.params, ids, self.max_ctx)?;
+        if let Some(previous) = &self.sampler {
+            decoder.continue_draws(previous);
+        }
+        let mut printer = Printer::new(!self.args.json);
+        let result = model::generate(self.model, &mut self.session, ids, &mut decoder, |step| {
+            printer.show(&step.text);
+            true
+        });
+        let (generation, mut failure) = split_result(result);
+        if failure.is_some() {
+            printer.show(&decoder.release());
+        }
+        failure = failure.or_else(|| context_full(&decoder, self.args.n, self.max_ctx));
+        printer.finish()?;
+        self.sampler = Some(decoder.sampler().clone());
+        Ok(Reply {
+            text: decoder.text().to_string(),
+            stop: decoder.stop_string().map(str::to_string),
+            generation,
+            failure,
+        })
     }
+}
+
+/// One turn's reply: the generation, the error that ended it, the text shown and the
+/// stop string that ended it.
+struct Reply {
+    generation: Generation,
+    failure: Option<ModelError>,
+    text: String,
+    stop: Option<String>,
 }

@@ -8,12 +8,13 @@ use crate::{
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
 use kvcore::model::generate::GenerateError;
-use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams};
+use kvcore::model::{
+    self, Activations, Decoder, GenerateParams, Generation, Llama, ModelError, Sampler,
+    SamplerParams,
+};
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
-use kvcore::{Backend, KvStore, KvType, Session};
-use kvcore_engine::TextPieces;
+use kvcore::{Backend, KvError, KvStore, KvType, Session};
 use kvcore_fetch as fetch;
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -113,11 +114,11 @@ fn special_mode(parse_special: bool) -> Special {
 }
 
 impl SamplingArgs {
-    /// The sampler the flags describe: greedy unless `--temp` > 0 is given, or a
+    /// The sampler chain the flags describe: greedy unless `--temp` > 0 is given, or a
     /// sampling filter (`--top-k`, `--top-p`, `--min-p`) is given without `--temp` (then
     /// at llama.cpp's default temperature, with a note). A filter that cannot act
     /// (`--temp 0`) is a warning, never silently ignored.
-    pub fn sampler(&self) -> anyhow::Result<Sampler> {
+    pub fn sampling(&self) -> anyhow::Result<SamplerParams> {
         let defaults = SamplerParams::default();
         let filters: Vec<&str> = [
             ("--top-k", self.top_k.is_some()),
@@ -168,7 +169,8 @@ impl SamplingArgs {
         params.frequency_penalty = self.frequency_penalty;
         params.logit_bias = self.logit_bias.clone();
         params.seed = self.seed;
-        Ok(Sampler::with_params(params)?)
+        Sampler::with_params(params.clone())?;
+        Ok(params)
     }
 
     /// Refuses a `--logit-bias` id outside the vocabulary.
@@ -195,10 +197,22 @@ pub fn check_n(n: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The most tokens `-n` allows after a prompt of `prompt_len` in a context of `max_ctx`
-/// (`-1`: every position left, plus the last token, which is never run).
-pub fn max_new(n: i64, prompt_len: usize, max_ctx: usize) -> usize {
-    usize::try_from(n).unwrap_or(max_ctx.saturating_sub(prompt_len) + 1)
+/// What a generation asks for: the sampler chain, `-n` (`-1`: until the context is
+/// full) and the `--stop` strings.
+pub fn generate_params(sampling: &SamplerParams, n: i64, stop: &[String]) -> GenerateParams {
+    let mut params = GenerateParams::new(sampling.clone());
+    params.max_tokens = usize::try_from(n).ok();
+    params.stop = stop.to_vec();
+    params
+}
+
+/// A generation that asked for more tokens (`-n`) than the context had room for ends as
+/// a failure at the full context, as it would have when the next token found no room.
+pub fn context_full(decoder: &Decoder<'_>, n: i64, max_ctx: usize) -> Option<ModelError> {
+    (n >= 0 && decoder.context_full()).then_some(ModelError::Kv(KvError::ContextOverflow {
+        pos: max_ctx,
+        max_ctx,
+    }))
 }
 
 impl KvTypeArgs {
@@ -320,83 +334,47 @@ pub fn load_model<B: Backend>(
     Ok(Llama::load(file, b)?.with_activations(activations))
 }
 
-/// Turns generated ids into the text a user sees, printing it as it comes (unless
-/// quiet): stop tokens are skipped, UTF-8 is never split, `--stop` strings are found
-/// across tokens and not shown. An incomplete UTF-8 character at the end (generation
-/// cut by `-n` in the middle of one) is held back, not shown as U+FFFD.
-pub struct TextStream<'t> {
-    pieces: TextPieces<'t>,
+/// Prints a generation's text as it comes (unless quiet), keeping the first write error.
+pub struct Printer {
     print: bool,
-    text: String,
+    printed: bool,
     error: Option<std::io::Error>,
 }
 
-/// What a [`TextStream`] showed.
-pub struct Shown {
-    /// The text (printed, unless the stream was quiet).
-    pub text: String,
-    /// The `--stop` string that ended it, if one did.
-    pub stop: Option<String>,
-}
-
-impl<'t> TextStream<'t> {
-    /// A stream that prints to stdout when `print`, stopping at `stops`.
-    pub fn new(tok: &'t Tokenizer, stops: &[String], print: bool) -> Self {
-        TextStream {
-            pieces: TextPieces::new(tok, stops),
+impl Printer {
+    /// A printer to stdout when `print`.
+    pub fn new(print: bool) -> Self {
+        Printer {
             print,
-            text: String::new(),
+            printed: false,
             error: None,
         }
     }
 
-    /// Adds token `id`; true when a stop string has now been found (generation should
-    /// end).
-    pub fn push(&mut self, id: u32) -> bool {
-        let shown = self.pieces.push(id);
-        self.show(&shown);
-        self.pieces.stopped().is_some()
+    /// Prints `piece`.
+    pub fn show(&mut self, piece: &str) {
+        if !self.print || piece.is_empty() {
+            return;
+        }
+        self.printed = true;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+            self.error.get_or_insert(e);
+        }
     }
 
-    fn show(&mut self, piece: &str) {
-        show(self.print, &mut self.text, &mut self.error, piece);
-    }
-
-    /// Shows what was held back for a stop string that never came, ends a printed
-    /// text with a newline (nothing at all is printed for an empty text), and returns
-    /// the text; the first write error, if any.
-    pub fn finish(self) -> std::io::Result<Shown> {
-        let TextStream {
-            pieces,
-            print,
-            mut text,
-            mut error,
-        } = self;
-        let (held, stop) = pieces.finish();
-        show(print, &mut text, &mut error, &held);
-        if print && !text.is_empty() {
+    /// Ends a printed text with a newline (nothing at all is printed for an empty
+    /// text); the first write error, if any.
+    pub fn finish(self) -> std::io::Result<()> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.printed {
             let mut out = std::io::stdout().lock();
             writeln!(out)?;
             out.flush()?;
         }
-        match error {
-            Some(e) => Err(e),
-            None => Ok(Shown { text, stop }),
-        }
-    }
-}
-
-/// Adds `piece` to `text`, printing it when `print` (the first write error is kept).
-fn show(print: bool, text: &mut String, error: &mut Option<std::io::Error>, piece: &str) {
-    if piece.is_empty() {
-        return;
-    }
-    text.push_str(piece);
-    if print {
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            error.get_or_insert(e);
-        }
+        Ok(())
     }
 }
 
@@ -461,7 +439,7 @@ pub fn system_messages(reply: &ReplyArgs) -> Vec<ChatMessage> {
 pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     a.store.check()?;
     check_n(a.n)?;
-    let sampler = a.sampling.sampler()?;
+    let sampling = a.sampling.sampling()?;
     let threads = threads(&a.model)?;
     let text = a.prompt_text()?;
     let text_model = TextModel::open(&a.model)?;
@@ -482,7 +460,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     let job = GenerateJob {
         text_model,
         prompt,
-        sampler,
+        sampling,
         args: a,
     };
     backends::dispatch(job.args.model.backend, threads, job)
@@ -491,7 +469,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
 struct GenerateJob {
     text_model: TextModel,
     prompt: Vec<u32>,
-    sampler: Sampler,
+    sampling: SamplerParams,
     args: GenerateArgs,
 }
 
@@ -501,7 +479,7 @@ impl Job for GenerateJob {
         let GenerateJob {
             text_model: TextModel { file, tok, .. },
             prompt,
-            mut sampler,
+            sampling,
             args,
         } = self;
         let model = load_model(file, b, args.compute.activations)?;
@@ -518,35 +496,31 @@ impl Job for GenerateJob {
                 .restore(&model, path)
                 .with_context(|| format!("cannot load session {}", path.display()))?;
         }
-        let stop_hit = Cell::new(false);
-        let mut stream = TextStream::new(&tok, &args.reply.stop, !args.json);
-        let result = model::generate(
-            &model,
-            &mut session,
-            &prompt,
-            max_new(args.n, prompt.len(), max_ctx),
-            &mut sampler,
-            |id| tok.is_stop(id) || stop_hit.get(),
-            |id| {
-                if stream.push(id) {
-                    stop_hit.set(true);
-                }
-            },
-        );
-        let (generation, failure) = split_result(result);
+        let params = generate_params(&sampling, args.n, &args.reply.stop);
+        let mut decoder = Decoder::new(&tok, &params, &prompt, max_ctx)?;
+        let mut printer = Printer::new(!args.json);
+        let result = model::generate(&model, &mut session, &prompt, &mut decoder, |step| {
+            printer.show(&step.text);
+            true
+        });
+        let (generation, mut failure) = split_result(result);
+        if failure.is_some() {
+            printer.show(&decoder.release());
+        }
+        failure = failure.or_else(|| context_full(&decoder, args.n, max_ctx));
         if let (None, Some(path)) = (&failure, &args.session) {
             session
                 .save(&model, path)
                 .with_context(|| format!("cannot save session {}", path.display()))?;
         }
-        let shown = stream.finish()?;
+        printer.finish()?;
         if args.json {
             let json = serde_json::json!({
                 "prompt_tokens": prompt,
                 "tokens": generation.tokens,
-                "text": shown.text,
-                "stopped": generation.stopped,
-                "stop": shown.stop,
+                "text": decoder.text(),
+                "stopped": generation.stopped(),
+                "stop": decoder.stop_string(),
                 "error": failure.as_ref().map(|e| e.to_string()),
                 "stats": stats_json(&generation, session.kv(), model.activations()),
             });

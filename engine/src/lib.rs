@@ -21,19 +21,19 @@ mod text;
 
 pub use choice::{BackendChoice, KvChoice, parse_activations, parse_kv_type};
 pub use kvcore;
-pub use text::{TextPieces, chat_ids, prompt_ids};
+pub use kvcore::model::{Decoder, FinishReason, GenerateParams};
+pub use text::{chat_ids, prompt_ids};
 
 use kvcore::gguf::{GgufError, GgufFile};
 use kvcore::kv::{KvPool, PagedKv, PoolConfig};
 use kvcore::model::generate::GenStats;
-use kvcore::model::{self, Activations, BatchSeq, Llama, ModelError, Sampler, SamplerParams};
+use kvcore::model::{self, Activations, BatchSeq, Llama, ModelError, Sampler};
 use kvcore::ndarray::Array2;
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer, TokenizerError};
 use kvcore::{Backend, KvError, KvStore, KvType, Session, SessionError};
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
-use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 /// What went wrong, in the coarse classes a C status code or a Python exception class
@@ -317,52 +317,6 @@ pub struct PrefillInfo {
     pub prefilled: usize,
 }
 
-/// A generation request.
-#[derive(Clone, Debug)]
-pub struct GenerateParams {
-    /// The most tokens to generate (`None`: until a stop token or the end of the
-    /// context). Never more than the context has room for: the generation ends there
-    /// with [`FinishReason::Length`], not with an error.
-    pub max_tokens: Option<usize>,
-    /// The sampler (temperature 0: greedy).
-    pub sampling: SamplerParams,
-    /// Stop strings, matched across tokens and not part of the text.
-    pub stop: Vec<String>,
-}
-
-impl Default for GenerateParams {
-    /// Greedy, 128 tokens, no stop strings.
-    fn default() -> Self {
-        GenerateParams {
-            max_tokens: Some(128),
-            sampling: SamplerParams::greedy(),
-            stop: Vec::new(),
-        }
-    }
-}
-
-/// Why a generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token (end of turn) or a stop string.
-    Stop,
-    /// `max_tokens`, or the end of the context.
-    Length,
-    /// The text callback asked to stop.
-    Cancelled,
-}
-
-impl FinishReason {
-    /// `"stop"`, `"length"` or `"cancelled"` (OpenAI's names for the first two).
-    pub const fn name(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-        }
-    }
-}
-
 /// The result of [`Engine::generate`].
 #[derive(Clone, Debug)]
 pub struct Completion {
@@ -591,6 +545,24 @@ impl Engine {
         Ok(sampler.sample(logits)?)
     }
 
+    /// A decoder of this model's tokens and text for a generation after `prompt` in a
+    /// context of `max_ctx` positions (see [`Decoder`]: the sampler chain, stop tokens
+    /// and strings, the token budget).
+    pub fn decoder(
+        &self,
+        params: &GenerateParams,
+        prompt: &[u32],
+        max_ctx: usize,
+    ) -> Result<Decoder<'_>> {
+        if prompt.len() > max_ctx {
+            return Err(Error::PromptTooLong {
+                tokens: prompt.len(),
+                max_ctx,
+            });
+        }
+        Ok(Decoder::new(&self.tok, params, prompt, max_ctx)?)
+    }
+
     /// Generates after `prompt` in `session` (reusing the prefix it holds), calling
     /// `on_text` with each piece of text as soon as it is complete; `on_text` returning
     /// false cancels the generation after that piece. Ends at a stop token or string,
@@ -606,62 +578,23 @@ impl Engine {
         params: &GenerateParams,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Completion> {
-        let max_ctx = session.max_ctx();
-        if prompt.len() > max_ctx {
-            return Err(Error::PromptTooLong {
-                tokens: prompt.len(),
-                max_ctx,
-            });
-        }
-        let mut sampler = Sampler::with_params(params.sampling.clone())?;
-        // The last sampled token is never run, so a full context still has room for it.
-        let room = max_ctx - prompt.len() + 1;
-        let max_new = params.max_tokens.map_or(room, |n| n.min(room));
-        let tok = &self.tok;
-        let mut pieces = TextPieces::new(tok, &params.stop);
-        let mut text = String::new();
-        let end = Cell::new(false);
-        let cancelled = Cell::new(false);
+        let mut decoder = self.decoder(params, prompt, session.max_ctx())?;
         let result = with_model!(&self.model, m => model::generate(
             m,
             &mut session.session,
             prompt,
-            max_new,
-            &mut sampler,
-            |id| tok.is_stop(id) || end.get(),
-            |id| {
-                let piece = pieces.push(id);
-                if pieces.stopped().is_some() {
-                    end.set(true);
-                }
-                if !piece.is_empty() {
-                    text.push_str(&piece);
-                    if !on_text(&piece) {
-                        cancelled.set(true);
-                        end.set(true);
-                    }
-                }
-            },
+            &mut decoder,
+            |step| step.text.is_empty() || on_text(&step.text),
         ));
         session.logits = None;
         let generation = result.map_err(|e| Error::Model(e.source))?;
-        let (held, stop) = pieces.finish();
-        if !held.is_empty() && !cancelled.get() {
-            on_text(&held);
-            text.push_str(&held);
-        }
-        let finish = if cancelled.get() {
-            FinishReason::Cancelled
-        } else if stop.is_some() || generation.stopped {
-            FinishReason::Stop
-        } else {
-            FinishReason::Length
-        };
         Ok(Completion {
             tokens: generation.tokens,
-            text,
-            finish,
-            stop,
+            text: decoder.text().to_string(),
+            // Every generation that returns has ended: by its decoder's step, or at once
+            // for a budget of 0.
+            finish: generation.finish.unwrap_or(FinishReason::Length),
+            stop: decoder.stop_string().map(str::to_string),
             stats: generation.stats,
         })
     }

@@ -43,10 +43,8 @@ fn from_bytes_generates_the_reference_continuations() {
     assert_eq!(engine.path().to_str(), Some("<memory>"));
     for (prompt, greedy) in reference() {
         let mut session = engine.new_session(None).expect("session");
-        let params = GenerateParams {
-            max_tokens: Some(greedy.len()),
-            ..GenerateParams::default()
-        };
+        let mut params = GenerateParams::default();
+        params.max_tokens = Some(greedy.len());
         let c = engine
             .generate(&mut session, &prompt, &params, |_| true)
             .expect("generate");

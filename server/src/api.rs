@@ -7,7 +7,7 @@
 //! dropped.
 
 use crate::scheduler::{Job, Summary};
-use kvcore_engine::kvcore::model::SamplerParams;
+use kvcore_engine::kvcore::model::{GenerateParams, SamplerParams, token_room};
 use kvcore_engine::kvcore::tokenizer::ChatMessage;
 use kvcore_engine::{Engine, FinishReason};
 use serde::Deserialize;
@@ -307,16 +307,17 @@ impl Common {
         if prompt.is_empty() {
             return bad("the prompt is empty".into(), "prompt");
         }
-        if prompt.len() >= ctx {
+        // The decoder's budget rule (`kvcore::model::token_room`): every generated token
+        // but the last is run, so a prompt of the whole context still gets one token.
+        let Some(room) = token_room(prompt.len(), ctx) else {
             return bad(
                 format!(
-                    "the prompt is {} tokens: it must be shorter than the context of {ctx} positions",
+                    "the prompt is {} tokens, longer than the context of {ctx} positions",
                     prompt.len()
                 ),
                 "messages",
             );
-        }
-        let room = ctx - prompt.len();
+        };
         // Both names are checked; the newer one wins when both are given.
         for (asked, name) in [
             (self.max_tokens, "max_tokens"),
@@ -340,7 +341,8 @@ impl Common {
             .max_completion_tokens
             .or(self.max_tokens)
             .map_or(room, |n| n as usize);
-        let positions = prompt.len() + max_new;
+        // The positions the cache holds at the end: the last token is never run.
+        let positions = prompt.len() + max_new - 1;
         let bytes = positions.div_ceil(limits.block_len) * limits.block_bytes;
         if bytes > limits.kv_budget {
             return bad(
@@ -372,7 +374,10 @@ impl Common {
         sampling.presence_penalty = presence;
         sampling.frequency_penalty = frequency;
         sampling.seed = seed;
-        Ok(Job::new(prompt, max_new, sampling, stop))
+        let mut params = GenerateParams::new(sampling);
+        params.max_tokens = Some(max_new);
+        params.stop = stop;
+        Ok(Job::new(prompt, params))
     }
 }
 

@@ -1,18 +1,24 @@
 //! Continuous batching: one thread that owns every running sequence and runs the
 //! model, step after step, over all of them at once.
 //!
-//! Each step:
-//! 1. takes the requests that arrived; drops those whose client went away (a closed
-//!    channel), freeing their blocks before the pass;
-//! 2. admits waiting requests into free slots (at most `parallel` run): each prompt is
-//!    looked up in the prefix cache, and starts with the cached blocks it finds;
-//! 3. builds one batch: every decoding sequence's next token, then prefill chunks of
-//!    the prompts still being read, in order of arrival, up to `batch_tokens` tokens
-//!    (at least one chunk);
-//! 4. runs `Engine::forward_batch` (the matmuls once for all, attention per sequence);
-//!    a sequence whose pool cannot give it a block waits and the others run;
-//! 5. samples each sequence that produced logits and sends its text; a sequence that
-//!    ends publishes its blocks to the prefix cache, leaves the batch and frees its slot.
+//! [`run`] repeats four phases:
+//! 1. **admit**: takes the requests that arrived; drops those whose client went away (a
+//!    closed channel), freeing their blocks; admits waiting requests into free slots (at
+//!    most `parallel` run): each prompt is looked up in the prefix cache and starts with
+//!    the cached blocks it finds;
+//! 2. **plan**: every decoding sequence's next token, then prefill chunks of the prompts
+//!    still being read, in order of arrival, up to `batch_tokens` tokens (at least one
+//!    chunk); the pool says which of them its budget can serve
+//!    ([`KvPool::plan`](kvcore_engine::kvcore::kv::KvPool::plan)), and the others wait;
+//! 3. **execute**: `Engine::forward_batch` over the planned sequences (the matmuls once
+//!    for all, attention per sequence);
+//! 4. **emit**: each sequence that produced logits hands them to its
+//!    [`Decoder`] (the sampler chain, stop tokens and strings, the budget) and sends its
+//!    text; a sequence that ends publishes its blocks to the prefix cache, leaves the
+//!    batch and frees its slot.
+//!
+//! When the pool can serve nobody, the youngest sequence gives its blocks back (requeued
+//! if it has streamed nothing, failed otherwise).
 //!
 //! **Prefill chunks are aligned**: a prompt is read in chunks `[k·C, (k+1)·C)` (C =
 //! `prefill_chunk`, a multiple of the block length) whatever the cache held, the cached
@@ -26,11 +32,11 @@
 //! bytes.
 
 use crate::metrics::Metrics;
+use kvcore_engine::kvcore::KvStore;
 use kvcore_engine::kvcore::kv::{KvPool, PagedKv};
-use kvcore_engine::kvcore::model::{BatchSeq, Logits, ModelError, Sampler, SamplerParams};
-use kvcore_engine::kvcore::tokenizer::Tokenizer;
-use kvcore_engine::kvcore::{KvError, KvStore};
-use kvcore_engine::{Engine, Error, FinishReason, TextPieces};
+use kvcore_engine::kvcore::model::{BatchSeq, Decoder, GenerateParams, Logits, ModelError};
+use kvcore_engine::kvcore::ndarray::Array2;
+use kvcore_engine::{Engine, Error, FinishReason};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -66,25 +72,16 @@ pub struct Summary {
 #[derive(Debug)]
 pub struct Job {
     prompt: Vec<u32>,
-    max_new: usize,
-    sampling: SamplerParams,
-    stop: Vec<String>,
+    params: GenerateParams,
     events: Option<UnboundedSender<Event>>,
 }
 
 impl Job {
-    /// A job for `prompt`, generating at most `max_new` tokens.
-    pub fn new(
-        prompt: Vec<u32>,
-        max_new: usize,
-        sampling: SamplerParams,
-        stop: Vec<String>,
-    ) -> Self {
+    /// A job generating after `prompt` as `params` say.
+    pub fn new(prompt: Vec<u32>, params: GenerateParams) -> Self {
         Job {
             prompt,
-            max_new,
-            sampling,
-            stop,
+            params,
             events: None,
         }
     }
@@ -186,14 +183,11 @@ impl State {
 struct Active<'t> {
     job: Job,
     kv: PagedKv,
-    sampler: Sampler,
-    pieces: TextPieces<'t>,
+    decoder: Decoder<'t>,
     /// The ids of the positions `kv` holds.
     tokens: Vec<u32>,
     /// Prompt tokens found in the cache.
     cached: usize,
-    /// Tokens sampled so far.
-    generated: usize,
     /// The sampled token the next decode step runs.
     next: Option<u32>,
 }
@@ -201,7 +195,7 @@ struct Active<'t> {
 impl Active<'_> {
     /// The tokens this sequence runs next: a prefill chunk or its last sampled token.
     fn input(&self, chunk: usize) -> Vec<u32> {
-        let at = self.kv_len();
+        let at = self.kv.len();
         let prompt = &self.job.prompt;
         if at < prompt.len() {
             let end = prompt.len().min((at / chunk + 1) * chunk);
@@ -211,12 +205,13 @@ impl Active<'_> {
         }
     }
 
-    fn kv_len(&self) -> usize {
-        self.kv.len()
+    fn prefilling(&self) -> bool {
+        self.kv.len() < self.job.prompt.len()
     }
 
-    fn prefilling(&self) -> bool {
-        self.kv_len() < self.job.prompt.len()
+    /// Tokens generated so far.
+    fn generated(&self) -> usize {
+        self.decoder.tokens().len()
     }
 
     /// Offers the blocks computed so far to the prefix cache.
@@ -224,6 +219,35 @@ impl Active<'_> {
         // Cannot fail: no append is open between steps and `tokens` matches `kv`.
         let _ = self.kv.publish(&self.tokens);
     }
+}
+
+/// One pass: which running sequences run which tokens, and which wait for blocks.
+#[derive(Default)]
+struct Plan {
+    /// Indices into `active`, ascending, each with the tokens it runs.
+    runs: Vec<(usize, Vec<u32>)>,
+    /// Sequences that had tokens to run but no blocks for them.
+    stalled: Vec<usize>,
+}
+
+/// How a sequence leaves the batch.
+enum Exit {
+    Finished(FinishReason),
+    Failed(String),
+}
+
+/// The scheduler's state between steps.
+struct Scheduler<'e> {
+    engine: &'e Engine,
+    pool: KvPool,
+    state: Arc<State>,
+    cfg: SchedConfig,
+    waiting: VecDeque<Job>,
+    active: Vec<Active<'e>>,
+    /// Whether new jobs can still arrive.
+    open: bool,
+    /// A sequence waited for blocks in the last step: admit nobody new until one ends.
+    starved: bool,
 }
 
 /// Runs the scheduler until `rx` is closed and nothing is left to run.
@@ -234,108 +258,166 @@ pub fn run(
     state: Arc<State>,
     cfg: SchedConfig,
 ) {
-    let engine = &*engine;
-    let tok = engine.tokenizer();
-    let m = &state.metrics;
-    let mut waiting: VecDeque<Job> = VecDeque::new();
-    let mut active: Vec<Active<'_>> = Vec::new();
-    let mut open = true;
-    // A sequence waited for a block in the last step: admit nobody new until one ends.
-    let mut starved = false;
-    let end = |_: &Job, state: &State| state.release();
-    loop {
-        // 1. Arrivals.
-        if active.is_empty() && waiting.is_empty() {
-            if !open {
-                break;
+    let mut s = Scheduler {
+        engine: &engine,
+        pool,
+        state,
+        cfg,
+        waiting: VecDeque::new(),
+        active: Vec::new(),
+        open: true,
+        starved: false,
+    };
+    while s.receive(&rx) {
+        if s.state.past_deadline() {
+            s.cancel_all();
+            continue;
+        }
+        s.admit();
+        if s.active.is_empty() {
+            continue;
+        }
+        let mut plan = s.plan();
+        let (outputs, failed) = s.execute(&mut plan);
+        s.emit(plan, outputs, failed);
+    }
+}
+
+impl<'e> Scheduler<'e> {
+    /// Takes the jobs that arrived (waiting for one when idle); false once `rx` is
+    /// closed and nothing is left to run.
+    fn receive(&mut self, rx: &Receiver<Job>) -> bool {
+        if self.active.is_empty() && self.waiting.is_empty() {
+            if !self.open {
+                return false;
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(job) => waiting.push_back(job),
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => {
-                    open = false;
-                    continue;
-                }
+                Ok(job) => self.waiting.push_back(job),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.open = false,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(job) => self.waiting.push_back(job),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
-                    open = false;
+                    self.open = false;
                     break;
                 }
             }
         }
-        if state.past_deadline() {
-            // As below: the sequences and their blocks go before the clients hear it.
-            let cancelled: Vec<Job> = active
-                .drain(..)
-                .map(|a| a.job)
-                .chain(waiting.drain(..))
-                .collect();
-            for job in &cancelled {
-                Metrics::add(&m.failed, 1);
-                end(job, &state);
-            }
-            publish_gauges(m, &waiting, &active);
-            for job in cancelled {
-                job.send(Event::Failed(
-                    "the server is shutting down: the request was cancelled".into(),
-                ));
-            }
-            continue;
+        true
+    }
+
+    /// Past the shutdown deadline: every request ends; the sequences and their blocks go
+    /// before the clients hear it.
+    fn cancel_all(&mut self) {
+        let m = &self.state.metrics;
+        let cancelled: Vec<Job> = self
+            .active
+            .drain(..)
+            .map(|a| a.job)
+            .chain(self.waiting.drain(..))
+            .collect();
+        for _ in &cancelled {
+            Metrics::add(&m.failed, 1);
+            self.state.release();
         }
-        // Clients that went away: their sequences and blocks go now.
+        self.publish_gauges();
+        for job in cancelled {
+            job.send(Event::Failed(
+                "the server is shutting down: the request was cancelled".into(),
+            ));
+        }
+    }
+
+    /// Drops the requests whose client went away, then admits waiting ones into free
+    /// slots.
+    fn admit(&mut self) {
+        let m = &self.state.metrics;
         let mut i = 0;
-        while i < active.len() {
-            if active[i].job.closed() {
-                let mut a = active.swap_remove(i);
+        while i < self.active.len() {
+            if self.active[i].job.closed() {
+                let mut a = self.active.swap_remove(i);
                 a.publish();
                 Metrics::add(&m.cancelled, 1);
-                end(&a.job, &state);
-                starved = false;
+                self.state.release();
+                self.starved = false;
             } else {
                 i += 1;
             }
         }
-        waiting.retain(|job| {
+        let state = &self.state;
+        self.waiting.retain(|job| {
             let gone = job.closed();
             if gone {
                 Metrics::add(&m.cancelled, 1);
-                end(job, &state);
+                state.release();
             }
             !gone
         });
-        // 2. Admission.
-        while active.len() < cfg.parallel && (!starved || active.is_empty()) {
-            let Some(job) = waiting.pop_front() else {
+        while self.active.len() < self.cfg.parallel && (!self.starved || self.active.is_empty()) {
+            let Some(job) = self.waiting.pop_front() else {
                 break;
             };
-            match admit(&pool, job, &cfg, tok) {
-                Admitted::Running(a) => {
-                    Metrics::add(&m.prompt_tokens, a.job.prompt.len() as u64);
-                    Metrics::add(&m.cached_tokens, a.cached as u64);
-                    active.push(*a);
+            match self.prepare(&job) {
+                Ok((decoder, kv, keep)) => {
+                    Metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
+                    Metrics::add(&m.cached_tokens, keep as u64);
+                    self.active.push(Active {
+                        tokens: job.prompt[..keep].to_vec(),
+                        cached: keep,
+                        kv,
+                        decoder,
+                        job,
+                        next: None,
+                    });
                 }
-                Admitted::Refused(job, e) => {
+                Err(e) => {
                     job.send(Event::Failed(e));
                     Metrics::add(&m.failed, 1);
-                    end(&job, &state);
+                    self.state.release();
                 }
             }
         }
-        publish_gauges(m, &waiting, &active);
-        if active.is_empty() {
-            continue;
+        self.publish_gauges();
+    }
+
+    /// A job's decoder and sequence: the longest cached run of its prompt's blocks, cut
+    /// to whole prefill chunks and never the whole prompt (its last chunk runs, for the
+    /// logits); with the positions kept. Or why it cannot start.
+    fn prepare(&self, job: &Job) -> Result<(Decoder<'e>, PagedKv, usize), String> {
+        let msg = |e: Error| e.message();
+        let decoder = self
+            .engine
+            .decoder(&job.params, &job.prompt, self.cfg.ctx)
+            .map_err(msg)?;
+        let mut kv = self
+            .pool
+            .lookup(&job.prompt, self.cfg.ctx)
+            .map_err(|e| msg(e.into()))?;
+        let c = self.cfg.prefill_chunk;
+        let mut keep = kv.len() / c * c;
+        if keep >= job.prompt.len() {
+            keep -= c;
         }
-        // 3. The batch: decode steps first, then prefill chunks up to the token budget.
-        let inputs: Vec<Vec<u32>> = active.iter().map(|a| a.input(cfg.prefill_chunk)).collect();
+        kv.truncate(keep).map_err(|e| msg(e.into()))?;
+        Ok((decoder, kv, keep))
+    }
+
+    /// The next pass: decode steps first, then prefill chunks up to the token budget,
+    /// less what the pool cannot serve.
+    fn plan(&self) -> Plan {
+        let active = &self.active;
+        let inputs: Vec<Vec<u32>> = active
+            .iter()
+            .map(|a| a.input(self.cfg.prefill_chunk))
+            .collect();
         let mut chosen: Vec<usize> = (0..active.len())
             .filter(|&i| !active[i].prefilling())
             .collect();
-        let mut budget = cfg.batch_tokens.saturating_sub(chosen.len());
+        let mut budget = self.cfg.batch_tokens.saturating_sub(chosen.len());
         let mut any_chunk = false;
         for i in 0..active.len() {
             if active[i].prefilling() && (!any_chunk || inputs[i].len() <= budget) {
@@ -345,195 +427,152 @@ pub fn run(
             }
         }
         chosen.sort_unstable();
-        // 4. The pass; sequences the pool cannot serve wait and the others retry.
-        let mut stalled = Vec::new();
-        let mut failed: Vec<(usize, String)> = Vec::new();
-        let outputs = loop {
-            if chosen.is_empty() {
-                break Vec::new();
+        let appends: Vec<(&PagedKv, usize)> = chosen
+            .iter()
+            .map(|&i| (&active[i].kv, inputs[i].len()))
+            .collect();
+        let fits = self.pool.plan(&appends);
+        let mut plan = Plan::default();
+        for (i, fits) in chosen.into_iter().zip(fits) {
+            if fits {
+                plan.runs.push((i, inputs[i].clone()));
+            } else {
+                plan.stalled.push(i);
+            }
+        }
+        plan
+    }
+
+    /// Runs the planned pass. A sequence the pass refuses (its error names it) leaves
+    /// the plan with its message and the others run; the outputs are those of
+    /// `plan.runs` as it is then, in order.
+    fn execute(&mut self, plan: &mut Plan) -> (Vec<Array2<f32>>, Vec<(usize, String)>) {
+        let mut failed = Vec::new();
+        loop {
+            if plan.runs.is_empty() {
+                return (Vec::new(), failed);
             }
             let result = {
-                let mut seqs: Vec<BatchSeq<'_, PagedKv>> = Vec::with_capacity(chosen.len());
-                let mut next = chosen.iter().peekable();
-                for (i, a) in active.iter_mut().enumerate() {
-                    if next.peek() == Some(&&i) {
-                        next.next();
-                        let logits = if inputs[i].len() + a.kv_len() >= a.job.prompt.len() {
-                            Logits::Last
-                        } else {
-                            Logits::None
-                        };
-                        seqs.push(BatchSeq::new(&mut a.kv, &inputs[i], logits));
-                    }
+                let mut seqs: Vec<BatchSeq<'_, PagedKv>> = Vec::with_capacity(plan.runs.len());
+                let mut runs = plan.runs.iter().peekable();
+                for (i, a) in self.active.iter_mut().enumerate() {
+                    let Some((_, input)) = runs.next_if(|(j, _)| *j == i) else {
+                        continue;
+                    };
+                    let logits = if input.len() + a.kv.len() >= a.job.prompt.len() {
+                        Logits::Last
+                    } else {
+                        Logits::None
+                    };
+                    seqs.push(BatchSeq::new(&mut a.kv, input, logits));
                 }
-                engine.forward_batch(&mut seqs)
+                self.engine.forward_batch(&mut seqs)
             };
             match result {
-                Ok(out) => break out,
+                Ok(out) => return (out, failed),
                 Err(Error::Model(ModelError::Sequence { index, error })) => {
-                    let i = chosen.remove(index);
-                    if matches!(*error, ModelError::Kv(KvError::PoolFull { .. })) {
-                        stalled.push(i);
-                    } else {
-                        failed.push((i, Error::Model(*error).message()));
-                    }
+                    let (i, _) = plan.runs.remove(index);
+                    failed.push((i, Error::Model(*error).message()));
                 }
                 Err(e) => {
                     let msg = e.message();
-                    failed.extend(chosen.drain(..).map(|i| (i, msg.clone())));
+                    failed.extend(plan.runs.drain(..).map(|(i, _)| (i, msg.clone())));
                 }
             }
-        };
-        starved = !stalled.is_empty();
-        if starved && outputs.is_empty() && failed.is_empty() {
-            // Nobody could run: the youngest sequence gives its blocks back. One that has
-            // shown nothing yet goes back to the head of the queue; one that has
-            // streamed text cannot be replayed and ends with an error.
-            let youngest = *stalled.iter().max().expect("stalled");
-            if active[youngest].generated == 0 {
-                let a = active.swap_remove(youngest);
-                waiting.push_front(a.job);
+        }
+    }
+
+    /// Hands each sequence's logits to its decoder and sends its text. Sequences that
+    /// ended or failed leave the batch, free their blocks and update the gauges and
+    /// counters before their clients hear the end (a client that reads `[DONE]` and
+    /// then `/metrics` sees its sequence gone). When nobody could run, the youngest
+    /// sequence gives its blocks back.
+    fn emit(&mut self, plan: Plan, outputs: Vec<Array2<f32>>, failed: Vec<(usize, String)>) {
+        let m = &self.state.metrics;
+        let mut exits: Vec<(usize, Exit)> = failed
+            .into_iter()
+            .map(|(i, e)| (i, Exit::Failed(e)))
+            .collect();
+        self.starved = !plan.stalled.is_empty();
+        if self.starved && outputs.is_empty() && exits.is_empty() {
+            // One that has shown nothing yet goes back to the head of the queue; one that
+            // has streamed text cannot be replayed and ends with an error.
+            let youngest = *plan.stalled.iter().max().expect("stalled");
+            if self.active[youngest].generated() == 0 {
+                let a = self.active.swap_remove(youngest);
+                self.waiting.push_front(a.job);
             } else {
-                failed.push((
-                    youngest,
-                    "the KV cache budget is exhausted by the running requests".into(),
-                ));
+                let e = "the KV cache budget is exhausted by the running requests";
+                exits.push((youngest, Exit::Failed(e.into())));
             }
         }
         if !outputs.is_empty() {
             Metrics::add(&m.steps, 1);
-            Metrics::add(
-                &m.step_tokens,
-                chosen.iter().map(|&i| inputs[i].len() as u64).sum(),
-            );
+            let tokens = plan.runs.iter().map(|(_, t)| t.len() as u64).sum();
+            Metrics::add(&m.step_tokens, tokens);
         }
-        // 5. Sampling and text.
-        let mut finished: Vec<(usize, Option<FinishReason>, Option<String>)> = Vec::new();
-        for (&i, logits) in chosen.iter().zip(&outputs) {
-            let a = &mut active[i];
-            a.tokens.extend_from_slice(&inputs[i]);
-            if logits.nrows() == 0 {
+        for ((i, input), logits) in plan.runs.into_iter().zip(&outputs) {
+            let a = &mut self.active[i];
+            a.tokens.extend_from_slice(&input);
+            if logits.nrows() == 0 || a.generated() == 0 {
                 a.publish();
-                continue;
             }
-            if a.generated == 0 {
-                a.publish();
+            if logits.nrows() == 0 {
+                continue;
             }
             let row = logits.row(0);
-            let id = match a
-                .sampler
-                .sample(row.as_slice().expect("a logits row is contiguous"))
+            match a
+                .decoder
+                .step(row.as_slice().expect("a logits row is contiguous"))
             {
-                Ok(id) => id,
-                Err(e) => {
-                    finished.push((i, None, Some(Error::Model(e).message())));
-                    continue;
+                Err(e) => exits.push((i, Exit::Failed(Error::Model(e).message()))),
+                Ok(step) => {
+                    Metrics::add(&m.generated_tokens, 1);
+                    if !step.text.is_empty() {
+                        a.job.send(Event::Text(step.text));
+                    }
+                    match step.finish {
+                        Some(finish) => exits.push((i, Exit::Finished(finish))),
+                        None => a.next = Some(step.id),
+                    }
                 }
-            };
-            a.sampler.accept(id);
-            a.generated += 1;
-            Metrics::add(&m.generated_tokens, 1);
-            if tok.is_stop(id) {
-                finished.push((i, Some(FinishReason::Stop), None));
-                continue;
-            }
-            let piece = a.pieces.push(id);
-            if !piece.is_empty() {
-                a.job.send(Event::Text(piece));
-            }
-            if a.pieces.stopped().is_some() {
-                finished.push((i, Some(FinishReason::Stop), None));
-            } else if a.generated >= a.job.max_new {
-                finished.push((i, Some(FinishReason::Length), None));
-            } else {
-                a.next = Some(id);
             }
         }
-        finished.extend(failed.into_iter().map(|(i, msg)| (i, None, Some(msg))));
-        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
-        finished.dedup_by_key(|f| f.0);
-        // The finished sequences leave the batch and free their blocks, and the gauges and
-        // counters say so, before their clients hear the end: a client that reads
-        // `[DONE]` and then `/metrics` sees its sequence gone.
-        let mut ends: Vec<(Job, Vec<Event>)> = Vec::with_capacity(finished.len());
-        for (i, finish, error) in finished {
-            let mut a = active.swap_remove(i);
+        exits.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+        exits.dedup_by_key(|e| e.0);
+        let mut ends = Vec::with_capacity(exits.len());
+        for (i, exit) in exits {
+            let mut a = self.active.swap_remove(i);
             a.publish();
-            let mut events = Vec::with_capacity(2);
-            match (finish, error) {
-                (Some(finish), _) => {
-                    let (held, _) = a.pieces.finish();
-                    if !held.is_empty() {
-                        events.push(Event::Text(held));
-                    }
-                    events.push(Event::Done(Summary {
+            let event = match exit {
+                Exit::Finished(finish) => {
+                    Metrics::add(&m.completed, 1);
+                    Event::Done(Summary {
                         finish,
                         prompt_tokens: a.job.prompt.len(),
-                        completion_tokens: a.generated,
+                        completion_tokens: a.generated(),
                         cached_tokens: a.cached,
-                    }));
-                    Metrics::add(&m.completed, 1);
+                    })
                 }
-                (None, error) => {
-                    events.push(Event::Failed(error.unwrap_or_default()));
+                Exit::Failed(e) => {
                     Metrics::add(&m.failed, 1);
+                    Event::Failed(e)
                 }
-            }
-            let Active { job, .. } = a;
-            end(&job, &state);
-            ends.push((job, events));
-            starved = false;
+            };
+            self.state.release();
+            ends.push((a.job, event));
+            self.starved = false;
         }
-        publish_gauges(m, &waiting, &active);
-        for (job, events) in ends {
-            for e in events {
-                job.send(e);
-            }
+        self.publish_gauges();
+        for (job, event) in ends {
+            job.send(event);
         }
     }
-}
 
-fn publish_gauges(m: &Metrics, waiting: &VecDeque<Job>, active: &[Active<'_>]) {
-    m.queue_depth.store(waiting.len() as u64, Ordering::Relaxed);
-    m.running.store(active.len() as u64, Ordering::Relaxed);
-}
-
-/// A job's sequence: the longest cached run of its prompt's blocks, cut to whole
-/// prefill chunks, and never the whole prompt (its last chunk runs, for the logits).
-fn admit<'t>(pool: &KvPool, job: Job, cfg: &SchedConfig, tok: &'t Tokenizer) -> Admitted<'t> {
-    let msg = |e: Error| e.message();
-    let prepared = Sampler::with_params(job.sampling.clone())
-        .map_err(|e| msg(e.into()))
-        .and_then(|mut sampler| {
-            sampler.set_context(&job.prompt);
-            let mut kv = pool
-                .lookup(&job.prompt, cfg.ctx)
-                .map_err(|e| msg(e.into()))?;
-            let c = cfg.prefill_chunk;
-            let mut keep = kv.len() / c * c;
-            if keep >= job.prompt.len() {
-                keep -= c;
-            }
-            kv.truncate(keep).map_err(|e| msg(e.into()))?;
-            Ok((sampler, kv, keep))
-        });
-    match prepared {
-        Ok((sampler, kv, keep)) => Admitted::Running(Box::new(Active {
-            tokens: job.prompt[..keep].to_vec(),
-            cached: keep,
-            kv,
-            sampler,
-            pieces: TextPieces::new(tok, &job.stop),
-            job,
-            generated: 0,
-            next: None,
-        })),
-        Err(e) => Admitted::Refused(job, e),
+    fn publish_gauges(&self) {
+        let m = &self.state.metrics;
+        m.queue_depth
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        m.running.store(self.active.len() as u64, Ordering::Relaxed);
     }
-}
-
-/// What [`admit`] made of a job.
-enum Admitted<'t> {
-    Running(Box<Active<'t>>),
-    Refused(Job, String),
 }

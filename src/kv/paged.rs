@@ -423,6 +423,35 @@ impl KvPool {
         Ok(seq)
     }
 
+    /// Which of `appends` the pool can serve in one pass, asked before any compute:
+    /// `appends[i]` is a sequence of this pool and the positions it would append at its
+    /// end, in the order the pass begins them (a batch's order). Each is served when,
+    /// after the blocks of those before it that are served, the budget covers its new
+    /// blocks ([`PagedKv::blocks_to_append`]), idle cached blocks counted as free — the
+    /// same rule as the appends' `begin`, which then cannot fail with
+    /// [`KvError::PoolFull`] for a sequence this said fits (an [`AllocGate`] may still
+    /// refuse an allocation). Nothing changes.
+    pub fn plan(&self, appends: &[(&PagedKv, usize)]) -> Vec<bool> {
+        let s = &*self.shared;
+        let idle = self.cache().idle_bytes();
+        let used = s.account.used.load(Ordering::Relaxed);
+        let mut free = s
+            .budget
+            .load(Ordering::Relaxed)
+            .saturating_sub(used.saturating_sub(idle));
+        appends
+            .iter()
+            .map(|&(seq, n)| {
+                let need = seq.blocks_to_append(n).saturating_mul(s.block_bytes);
+                let fits = need <= free;
+                if fits {
+                    free -= need;
+                }
+                fits
+            })
+            .collect()
+    }
+
     /// The chained hashes of the full blocks of `ids` (see the header of `src/kv/paged.rs`).
     fn chain<'i>(&self, ids: &'i [u32]) -> impl Iterator<Item = BlockHash> + 'i {
         let key = self.shared.key;
@@ -583,6 +612,30 @@ impl PagedKv {
         self.pool.shared.block_len
     }
 
+    /// For each block that positions `at .. end` fall in, whether an append writing them
+    /// needs a new block: all but those held alone whose written positions are all
+    /// uncommitted (written in place).
+    fn fresh_blocks(&self, at: usize, end: usize) -> impl Iterator<Item = bool> + '_ {
+        let b = self.block_len();
+        let first = at / b;
+        let blocks = if end <= at {
+            0
+        } else {
+            (end - 1) / b + 1 - first
+        };
+        (first..first + blocks).map(move |j| match self.blocks.get(j) {
+            None => true,
+            Some(block) => Arc::strong_count(block) > 1 || self.len > at.max(j * b),
+        })
+    }
+
+    /// The new blocks an append of `n` positions at this sequence's end would take from
+    /// the pool (see [`KvPool::plan`]).
+    pub fn blocks_to_append(&self, n: usize) -> usize {
+        let at = self.len;
+        self.fresh_blocks(at, at + n).filter(|&f| f).count()
+    }
+
     fn check_layer(&self, layer: usize) -> Result<(), KvError> {
         let n_layers = self.pool.shared.geometry.n_layers;
         if layer < n_layers {
@@ -698,15 +751,7 @@ impl KvStore for PagedKv {
         let end = check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
         let b = self.block_len();
         let first = at / b;
-        let blocks = if n == 0 { 0 } else { (end - 1) / b + 1 - first };
-        // Which blocks need a new one: all but those held alone whose written
-        // positions are all uncommitted.
-        let fresh: Vec<bool> = (first..first + blocks)
-            .map(|j| match self.blocks.get(j) {
-                None => true,
-                Some(block) => Arc::strong_count(block) > 1 || self.len > at.max(j * b),
-            })
-            .collect();
+        let fresh: Vec<bool> = self.fresh_blocks(at, end).collect();
         let mut new = self
             .pool
             .alloc_blocks(fresh.iter().filter(|&&f| f).count())?
@@ -945,6 +990,52 @@ mod tests {
         run(&mut dense, &c, 0).unwrap();
         assert_eq!(bits(&b), bits(&dense));
         assert_ne!(b.block_ids()[1], a.block_ids()[1]);
+    }
+
+    /// `plan` counts the new blocks of each append (a shared block copied, a private
+    /// partial one written in place, idle cached blocks free), in order, and the
+    /// appends it says fit then begin in that order without `PoolFull`.
+    #[test]
+    fn plan_foretells_what_a_batch_of_appends_can_take() {
+        let p = pool(4, 0);
+        let bb = p.block_bytes();
+        p.set_budget(6 * bb);
+        let ids: Vec<u32> = (0..8).collect();
+        let mut a = p.sequence(64).unwrap();
+        run(&mut a, &ids[..6], 0).unwrap();
+        let mut cached = p.sequence(64).unwrap();
+        run(&mut cached, &ids, 0).unwrap();
+        cached.publish(&ids).unwrap();
+        drop(cached);
+        // Blocks alive: a's 2, and 2 idle in the cache; free for a plan: 4.
+        assert_eq!((p.stats().blocks, p.stats().cached_idle), (2 + 2, 2));
+        let b = p.lookup(&ids, 64).unwrap(); // shares both cached blocks: none idle now
+        assert_eq!(b.len(), 8);
+        assert_eq!(
+            a.blocks_to_append(1),
+            0,
+            "a's last block is private and partial"
+        );
+        assert_eq!(a.blocks_to_append(3), 1);
+        assert_eq!(b.blocks_to_append(1), 1, "b's blocks are full");
+        let c = p.sequence(64).unwrap();
+        assert_eq!(c.blocks_to_append(9), 3);
+        // Free: 6 − 4 alive, none idle = 2 blocks.
+        assert_eq!(p.plan(&[(&a, 3), (&c, 9), (&b, 1)]), [true, false, true]);
+        assert_eq!(p.plan(&[(&c, 9), (&a, 3)]), [false, true]);
+        assert_eq!(p.plan(&[(&c, 5), (&a, 1), (&b, 4)]), [true, true, false]);
+        // What it said fits begins; what it refused is PoolFull.
+        let (mut a, mut b, mut c) = (a, b, c);
+        a.begin(6, 3).unwrap();
+        b.begin(8, 1).unwrap();
+        assert!(matches!(c.begin(0, 9), Err(KvError::PoolFull { .. })));
+        a.rollback();
+        b.rollback();
+        // b's blocks go back to the cache, idle again: free for the plan.
+        drop(b);
+        assert_eq!(p.plan(&[(&c, 9), (&a, 3)]), [true, true]);
+        c.begin(0, 9).unwrap();
+        a.begin(6, 3).unwrap();
     }
 
     #[test]

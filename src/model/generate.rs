@@ -1,10 +1,13 @@
-//! Token generation: samplers, the prefill/decode loop and its statistics.
+//! The generation loop of one session: prefill, then one decode step per token, a
+//! [`Decoder`] choosing each token and deciding when to stop.
 //!
 //! [`generate`] prefills the prompt into a [`Session`] (reusing what it already holds) in
-//! one batched forward pass, then decodes one token at a time, feeding each sampled token
-//! back, until a stop token, `max_new` tokens, or the KV store's `max_ctx`. Running out of
-//! context is an error that still carries the tokens generated so far.
+//! one batched forward pass, then hands each row of logits to the decoder and runs the
+//! token it chose, until the decoder's step ends the generation (a stop token or string,
+//! the budget, a cancel). A failed pass is an error that still carries the tokens
+//! generated so far.
 
+use super::decoder::{Decoder, FinishReason, Step};
 use super::{Llama, ModelError};
 use crate::backend::Backend;
 use crate::kv::KvStore;
@@ -61,44 +64,51 @@ fn per_second(n: usize, t: Duration) -> f64 {
     }
 }
 
-/// The result of [`generate`]: the tokens and the measurements.
+/// The result of [`generate`]: the tokens, why they ended, and the measurements. The
+/// text is the decoder's ([`Decoder::text`]).
 #[derive(Clone, Debug, Default)]
 pub struct Generation {
     /// Generated ids, in order (a stop token that ended the generation included).
     pub tokens: Vec<u32>,
-    /// Whether a stop token ended it.
-    pub stopped: bool,
+    /// Why it ended (`None`: an error ended it, or it only prefilled).
+    pub finish: Option<FinishReason>,
     /// Measurements.
     pub stats: GenStats,
+}
+
+impl Generation {
+    /// Whether a stop token or string ended it.
+    pub fn stopped(&self) -> bool {
+        self.finish == Some(FinishReason::Stop)
+    }
 }
 
 /// Generation that failed part-way: the error and what had been generated before it.
 #[derive(Debug, thiserror::Error)]
 #[error("generation stopped after {} generated tokens", partial.tokens.len())]
 pub struct GenerateError {
-    /// The cause (e.g. [`KvError::ContextOverflow`](crate::kv::KvError::ContextOverflow)).
+    /// The cause (e.g. a kernel's or the store's error).
     #[source]
     pub source: ModelError,
     /// Tokens generated before the error, with their statistics.
     pub partial: Generation,
 }
 
-/// Generates up to `max_new` tokens after `prompt` in `session`.
+/// Generates after `prompt` in `session`, `decoder` choosing each token (its budget,
+/// stop tokens and strings end the generation).
 ///
 /// The session first holds `prompt` ([`Session::prefill`]: positions it already holds
 /// are reused, the rest run in one batched pass); each new token then costs one decode
-/// step. `on_token` sees every generated id as soon as it is sampled (for streaming).
-/// Stops after a token for which `is_stop` is true, after `max_new` tokens, or with an
-/// error; `max_new = 0` only prefills. The last sampled token is not run through the
+/// step. `on_step` sees every step as soon as it is sampled (for streaming); returning
+/// false cancels the generation after it. The last sampled token is not run through the
 /// model, so the session ends holding the prompt and every generated token but the last.
+/// A decoder whose budget is 0 (`max_tokens: Some(0)`) only prefills.
 pub fn generate<B: Backend, K: KvStore>(
     model: &Llama<B>,
     session: &mut Session<K>,
     prompt: &[u32],
-    max_new: usize,
-    sampler: &mut Sampler,
-    is_stop: impl Fn(u32) -> bool,
-    mut on_token: impl FnMut(u32),
+    decoder: &mut Decoder<'_>,
+    mut on_step: impl FnMut(&Step) -> bool,
 ) -> Result<Generation, Box<GenerateError>> {
     let mut out = Generation {
         stats: GenStats {
@@ -109,16 +119,10 @@ pub fn generate<B: Backend, K: KvStore>(
         },
         ..Generation::default()
     };
-    let result = run(
-        model,
-        session,
-        prompt,
-        max_new,
-        sampler,
-        &is_stop,
-        &mut on_token,
-        &mut out,
-    );
+    let result = run(model, session, prompt, decoder, &mut on_step, &mut out);
+    out.tokens = decoder.tokens().to_vec();
+    out.stats.generated_tokens = out.tokens.len();
+    out.finish = decoder.finish();
     out.stats.kv_bytes = session.kv().bytes();
     out.stats.kv_capacity = session.kv().capacity();
     match result {
@@ -130,48 +134,39 @@ pub fn generate<B: Backend, K: KvStore>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run<B: Backend, K: KvStore>(
     model: &Llama<B>,
     session: &mut Session<K>,
     prompt: &[u32],
-    max_new: usize,
-    sampler: &mut Sampler,
-    is_stop: &impl Fn(u32) -> bool,
-    on_token: &mut impl FnMut(u32),
+    decoder: &mut Decoder<'_>,
+    on_step: &mut impl FnMut(&Step) -> bool,
     out: &mut Generation,
 ) -> Result<(), ModelError> {
     let start = Instant::now();
-    sampler.set_context(prompt);
     let prefill = session.prefill(model, prompt)?;
     out.stats.prefill_time = start.elapsed();
     out.stats.reused_tokens = prefill.reused;
     out.stats.prefilled_tokens = prefill.prefilled;
-    if max_new == 0 {
+    if decoder.finish().is_some() {
         return Ok(());
     }
     let mut logits = prefill.logits; // [vocab]
     let mut decode_start = None;
     loop {
-        let id = sampler.sample(&logits)?;
-        if out.tokens.is_empty() {
+        let step = decoder.step(&logits)?;
+        if decode_start.is_none() {
             out.stats.ttft = start.elapsed();
             decode_start = Some(Instant::now());
         }
-        sampler.accept(id);
-        out.tokens.push(id);
-        out.stats.generated_tokens = out.tokens.len();
-        on_token(id);
-        if is_stop(id) {
-            out.stopped = true;
+        if !on_step(&step) {
+            decoder.cancel();
+        }
+        if decoder.finish().is_some() {
             break;
         }
-        if out.tokens.len() == max_new {
-            break;
-        }
-        let step = session.decode(model, id);
+        let next = session.decode(model, step.id);
         out.stats.decode_time = decode_start.map(|t| t.elapsed()).unwrap_or_default();
-        logits = step?;
+        logits = next?;
     }
     out.stats.decode_time = decode_start.map(|t| t.elapsed()).unwrap_or_default();
     Ok(())

@@ -4,10 +4,13 @@
 //! - [`config`]: hyper-parameters from GGUF metadata;
 //! - [`llama`]: [`Llama`], the forward pass over any `Backend` and `KvStore`;
 //! - [`batch`]: [`Llama::forward_batch`], one pass over several sequences ([`BatchSeq`]);
-//! - [`generate`](mod@generate): samplers, the generation loop and [`GenStats`].
+//! - [`decoder`]: [`Decoder`], from logits to the next token and its text, and when to
+//!   stop (every front end's);
+//! - [`generate`](mod@generate): the generation loop of one session and [`GenStats`].
 
 pub mod batch;
 pub mod config;
+pub mod decoder;
 pub mod generate;
 pub mod llama;
 pub mod perplexity;
@@ -15,6 +18,7 @@ pub mod sample;
 
 pub use batch::BatchSeq;
 pub use config::{Arch, FfnActivation, LayerConfig, LlamaConfig};
+pub use decoder::{Decoder, FinishReason, GenerateParams, Step, token_room};
 pub use generate::{GenStats, Generation, generate};
 pub use llama::{Activations, Llama, Logits, Q8_MAX_TOKENS};
 pub use sample::{Sampler, SamplerParams, Sampling};

@@ -221,6 +221,13 @@ impl Sampler {
             .extend(&context[context.len().saturating_sub(n)..]);
     }
 
+    /// Continues `previous`'s random draws: this sampler's next draw is the one
+    /// `previous` would make next (a chat's next turn, as llama.cpp's CLI keeps one
+    /// sampler for a conversation). The parameters and the penalty window stay.
+    pub fn continue_draws(&mut self, previous: &Sampler) {
+        self.rng = previous.rng.clone();
+    }
+
     /// Adds `id` to the penalty window (call it for every sampled token).
     pub fn accept(&mut self, id: u32) {
         let n = self.params.repeat_last_n;

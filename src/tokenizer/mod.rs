@@ -563,12 +563,13 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::bytes::ByteMap;
     use super::*;
 
-    /// A toy vocabulary: the 256 byte chars, then merged tokens and two specials.
-    fn toy() -> Tokenizer {
+    /// A toy vocabulary: the 256 byte chars (id `b` is byte `b`), then merged tokens and
+    /// two specials, `<|im_end|>` (259, the end of generation) and `<|x|>` (260).
+    pub(crate) fn toy() -> Tokenizer {
         let map = ByteMap::new();
         let mut tokens: Vec<String> = (0..=255u8).map(|b| map.char_of(b).to_string()).collect();
         let extra = ["Ġh", "Ġhi", "hi", "<|im_end|>", "<|x|>"];

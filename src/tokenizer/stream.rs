@@ -149,11 +149,17 @@ impl StopMatcher {
     }
 
     /// Ends the stream: the text still held back (no stop string completed it).
-    pub fn finish(self) -> String {
+    pub fn finish(mut self) -> String {
+        self.flush()
+    }
+
+    /// The text still held back (no stop string completed it yet), now; what comes
+    /// after is matched afresh.
+    pub fn flush(&mut self) -> String {
         if self.stopped.is_some() {
             String::new()
         } else {
-            self.held
+            std::mem::take(&mut self.held)
         }
     }
 }

@@ -443,7 +443,25 @@ impl World {
         let mut ids = s.ids[..at].to_vec();
         ids.extend(tokens.iter().map(|&t| u32::from(t % VOCAB)));
         let n = tokens.len();
+        // The pool's plan, asked first, foretells an append at the end: refused for
+        // blocks exactly when it says the append does not fit.
+        let planned = (back == 0 && at + n <= s.paged.max_ctx())
+            .then(|| s.paged.pool().plan(&[(&s.paged, n)])[0]);
         let (pr, dr) = (s.paged.begin(at, n), s.dense.begin(at, n));
+        if let Some(fits) = planned
+            && matches!(&pr, Ok(()) | Err(KvError::PoolFull { .. }))
+            && fits == matches!(&pr, Err(KvError::PoolFull { .. }))
+        {
+            if pr.is_ok() {
+                s.paged.rollback();
+            }
+            if dr.is_ok() {
+                s.dense.rollback();
+            }
+            return Err(format!(
+                "begin({at}, {n}): plan said fits={fits}, begin {pr:?}"
+            ));
+        }
         match (&pr, &dr) {
             (Ok(()), Ok(())) => {}
             (Err(p), Err(d)) if p == d => return Ok(()),

@@ -5,8 +5,9 @@
 
 use crate::common::*;
 use kvcore::gguf::GgufFile;
-use kvcore::model::generate::GenerateError;
-use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};
+use kvcore::model::{
+    Decoder, FinishReason, GenerateParams, Llama, Logits, ModelError, Sampler, Sampling, generate,
+};
 use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore, Session};
 use kvcore_test_support::tiny::TinyLlama;
 use ndarray::Array2;
@@ -206,46 +207,63 @@ fn tiny_model<B: Backend>(backend: B, context_len: usize) -> Llama<B> {
     Llama::load(GgufFile::from_bytes(spec.to_gguf()).unwrap(), backend).unwrap()
 }
 
-/// Generation that runs into `max_ctx` stops with `ContextOverflow` and keeps its tokens;
+/// Generation that reaches `max_ctx` ends there (the decoder's budget: the last token
+/// is never run), keeps its tokens and says the context, not `max_tokens`, ended it;
 /// the cache keeps exactly the positions that were computed.
 #[test]
-fn context_overflow_is_an_error_with_partial_output() {
+fn generation_ends_at_the_full_context() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
     let c = model.config().clone();
     let mut session = Session::new(GrowKv::new(c.kv_geometry(), 20).unwrap());
     let prompt: Vec<u32> = (0..12).collect();
-    let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
+    let mut params = GenerateParams::default();
+    params.max_tokens = Some(50);
+    let mut decoder = Decoder::tokens_only(&params, &prompt, 20).unwrap();
     let mut streamed = Vec::new();
-    let err = generate(
-        &model,
-        &mut session,
-        &prompt,
-        50,
-        &mut sampler,
-        |_| false,
-        |id| streamed.push(id),
-    )
-    .unwrap_err();
-    let GenerateError { source, partial } = *err;
-    assert!(
-        matches!(
-            source,
-            ModelError::Kv(KvError::ContextOverflow {
-                pos: 20,
-                max_ctx: 20
-            })
-        ),
-        "{source}"
-    );
-    // 12 prompt positions + 8 decoded = 20 positions; the 9th generated token has no room.
-    assert_eq!(partial.tokens.len(), 9);
-    assert_eq!(partial.tokens, streamed);
+    let g = generate(&model, &mut session, &prompt, &mut decoder, |step| {
+        streamed.push(step.id);
+        true
+    })
+    .unwrap();
+    // 12 prompt positions + 8 decoded = 20 positions; the 9th token is never run.
+    assert_eq!(g.tokens.len(), 9);
+    assert_eq!(g.finish, Some(FinishReason::Length));
+    assert!(decoder.context_full());
+    assert_eq!(g.tokens, streamed);
     assert_eq!(session.len(), 20);
+    assert_eq!(session.tokens(), [&prompt[..], &g.tokens[..8]].concat());
+    assert_eq!(g.stats.kv_capacity, 20);
+    // One token fewer than the room: max_tokens ended it.
+    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 20).unwrap());
+    params.max_tokens = Some(8);
+    let mut decoder = Decoder::tokens_only(&params, &prompt, 20).unwrap();
+    let g = generate(&model, &mut session, &prompt, &mut decoder, |_| true).unwrap();
+    assert_eq!((g.tokens.len(), g.finish), (8, Some(FinishReason::Length)));
+    assert!(!decoder.context_full());
+    assert_eq!(session.len(), 19);
+}
+
+/// A callback that returns false cancels the generation after its step.
+#[test]
+fn a_callback_cancels_the_generation() {
+    let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
+    let c = model.config().clone();
+    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 64).unwrap());
+    let prompt: Vec<u32> = (0..5).collect();
+    let mut params = GenerateParams::default();
+    params.max_tokens = Some(20);
+    let mut decoder = Decoder::tokens_only(&params, &prompt, 64).unwrap();
+    let mut steps = 0;
+    let g = generate(&model, &mut session, &prompt, &mut decoder, |_| {
+        steps += 1;
+        steps < 3
+    })
+    .unwrap();
     assert_eq!(
-        session.tokens(),
-        [&prompt[..], &partial.tokens[..8]].concat()
+        (g.tokens.len(), g.finish),
+        (3, Some(FinishReason::Cancelled))
     );
-    assert_eq!(partial.stats.kv_capacity, 20);
+    assert_eq!(session.len(), 5 + 2);
 }
 
 /// A prompt longer than the context fails before touching the cache.
@@ -270,23 +288,16 @@ fn prompt_longer_than_context_leaves_cache_untouched() {
     ));
 }
 
-/// `max_new = 0` processes the prompt only.
+/// `max_tokens: Some(0)` processes the prompt only.
 #[test]
 fn zero_new_tokens_fills_the_cache_only() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
     let c = model.config().clone();
     let mut session = Session::new(DenseKv::new(c.kv_geometry(), 64).unwrap());
-    let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
-    let g = generate(
-        &model,
-        &mut session,
-        &[1, 2, 3],
-        0,
-        &mut sampler,
-        |_| false,
-        |_| {},
-    )
-    .unwrap();
+    let mut params = GenerateParams::default();
+    params.max_tokens = Some(0);
+    let mut decoder = Decoder::tokens_only(&params, &[1, 2, 3], 64).unwrap();
+    let g = generate(&model, &mut session, &[1, 2, 3], &mut decoder, |_| true).unwrap();
     assert!(g.tokens.is_empty());
     assert_eq!(session.tokens(), [1, 2, 3]);
 }

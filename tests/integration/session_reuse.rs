@@ -12,7 +12,7 @@
 
 use crate::common::*;
 use kvcore::gguf::GgufFile;
-use kvcore::model::{Llama, Logits, ModelError, Sampler, Sampling, generate};
+use kvcore::model::{Decoder, GenerateParams, Llama, Logits, ModelError, generate};
 use kvcore::{Backend, DType, GrowKv, KvError, KvStore, Session};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
@@ -221,33 +221,19 @@ fn forks_and_truncation_continue_independently() {
 fn generate_reports_reused_positions() {
     let model = tiny(Scalar::new(), DType::F32);
     let mut session = Session::new(GrowKv::new(model.kv_geometry(), 200).unwrap());
-    let mut sampler = Sampler::new(Sampling::Greedy).unwrap();
     let prompt: Vec<u32> = (10..30).collect();
-    let first = generate(
-        &model,
-        &mut session,
-        &prompt,
-        6,
-        &mut sampler,
-        |_| false,
-        |_| {},
-    )
-    .unwrap();
+    let mut params = GenerateParams::default();
+    params.max_tokens = Some(6);
+    let mut decoder = Decoder::tokens_only(&params, &prompt, 200).unwrap();
+    let first = generate(&model, &mut session, &prompt, &mut decoder, |_| true).unwrap();
     assert_eq!(first.stats.reused_tokens, 0);
     assert_eq!(first.stats.prefilled_tokens, 20);
     // The session holds the prompt and all generated tokens but the last.
     assert_eq!(session.len(), 20 + 5);
     let next: Vec<u32> = [&prompt[..], &first.tokens[..], &[40, 41, 42]].concat();
-    let second = generate(
-        &model,
-        &mut session,
-        &next,
-        3,
-        &mut sampler,
-        |_| false,
-        |_| {},
-    )
-    .unwrap();
+    params.max_tokens = Some(3);
+    let mut decoder = Decoder::tokens_only(&params, &next, 200).unwrap();
+    let second = generate(&model, &mut session, &next, &mut decoder, |_| true).unwrap();
     assert_eq!(second.stats.reused_tokens, 25);
     assert_eq!(second.stats.prefilled_tokens, 4);
     assert_eq!(second.stats.prompt_tokens, next.len());

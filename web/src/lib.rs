@@ -16,10 +16,10 @@
 //!   error's message readable through `kv_error_ptr` / `kv_error_len`. Nothing panics
 //!   across it: every path returns a `Result`.
 //!
-//! The generation loop is the engine's prefill / sample / decode steps driven here, not
-//! `Engine::generate`, because that one times itself with `std::time::Instant`, which
-//! panics on `wasm32-unknown-unknown` (there is no clock without the host): here the
-//! host's clock (`performance.now()`) times it.
+//! The generation is the engine's [`Decoder`](kvcore_engine::Decoder) driven here with
+//! the engine's prefill and decode steps, not `Engine::generate`, because that one times
+//! itself with `std::time::Instant`, which panics on `wasm32-unknown-unknown` (there is
+//! no clock without the host): here the host's clock (`performance.now()`) times it.
 
 #![warn(missing_docs)]
 
@@ -27,9 +27,8 @@
 mod ffi;
 
 pub use kvcore_engine::kvcore::model::Activations;
-use kvcore_engine::kvcore::model::{Sampler, SamplerParams};
 use kvcore_engine::kvcore::tokenizer::ChatMessage;
-use kvcore_engine::{BackendChoice, Engine, EngineSession, Options, TextPieces};
+use kvcore_engine::{BackendChoice, Engine, EngineSession, GenerateParams, Options};
 
 /// Which part of a reply a [`Stats`] report is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,14 +167,17 @@ impl Chat {
         let engine = &self.engine;
         let prompt = engine.chat_ids(&messages).map_err(|e| e.message())?;
         let max_ctx = self.session.max_ctx();
-        if prompt.len() >= max_ctx {
+        if prompt.len() > max_ctx {
             return Err(format!(
                 "the conversation is {} tokens, the context holds {max_ctx}: start a new chat",
                 prompt.len()
             ));
         }
-        // The last sampled token is never run, so a full context has room for it.
-        let max_new = max_tokens.min(max_ctx - prompt.len() + 1);
+        let mut params = GenerateParams::default();
+        params.max_tokens = Some(max_tokens);
+        let mut decoder = engine
+            .decoder(&params, &prompt, max_ctx)
+            .map_err(|e| e.message())?;
 
         let start = host.now_ms();
         let prefill = engine
@@ -189,47 +191,35 @@ impl Chat {
             phase: Phase::Prefill,
         });
 
-        let mut sampler =
-            Sampler::with_params(SamplerParams::greedy()).map_err(|e| e.to_string())?;
-        let tok = engine.tokenizer();
-        let mut pieces = TextPieces::new(tok, &[]);
-        let mut text = String::new();
-        let mut tokens = Vec::new();
         let mut first_at = start;
         let mut decode_tok_s;
         loop {
-            let id = engine
-                .sample(&self.session, &mut sampler)
-                .map_err(|e| e.message())?;
+            let logits = self.session.logits().unwrap_or_default();
+            let step = decoder.step(logits).map_err(|e| e.to_string())?;
             let now = host.now_ms();
-            if tokens.is_empty() {
+            let generated = decoder.tokens().len();
+            if generated == 1 {
                 first_at = now;
             }
-            tokens.push(id);
-            decode_tok_s = per_second(tokens.len() - 1, now - first_at);
-            let piece = pieces.push(id);
-            if !piece.is_empty() {
-                host.text(&piece);
-                text.push_str(&piece);
+            decode_tok_s = per_second(generated - 1, now - first_at);
+            if !step.text.is_empty() {
+                host.text(&step.text);
             }
             host.stats(Stats {
-                tokens: saturate(tokens.len()),
+                tokens: saturate(generated),
                 tok_per_s: decode_tok_s,
                 kv_bytes: self.session.kv_bytes() as f64,
                 phase: Phase::Decode,
             });
-            if tok.is_stop(id) || tokens.len() == max_new {
+            if step.finish.is_some() {
                 break;
             }
             engine
-                .decode(&mut self.session, id)
+                .decode(&mut self.session, step.id)
                 .map_err(|e| e.message())?;
         }
-        let (held, _) = pieces.finish();
-        if !held.is_empty() {
-            host.text(&held);
-            text.push_str(&held);
-        }
+        let text = decoder.text().to_string();
+        let tokens = decoder.tokens().to_vec();
         let kv_bytes = self.session.kv_bytes();
         host.stats(Stats {
             tokens: saturate(tokens.len()),
