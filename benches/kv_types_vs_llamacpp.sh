@@ -11,7 +11,7 @@
 # ACTS=q8 runs kvcore with 8-bit activations (llama.cpp's CPU matmuls always quantise
 # theirs, to q8_1 blocks): ACTS=f32,q8 runs both in each kvcore run.
 # Needs target/release/kvcore and the llama-cpp-python venv benches/compare_llamacpp.sh
-# builds (~/.cache/kvcore/llama-cpp-venv-avx2). BENCHMARKS.md, "KV element types at depth".
+# builds (~/.cache/kvcore/llama-cpp-venv-avx2). The current figures are in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-${KVCORE_MODEL:-$HOME/.cache/kvcore/SmolLM2-135M-Instruct.Q4_1.gguf}}

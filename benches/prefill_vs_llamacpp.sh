@@ -3,7 +3,7 @@
 # llama.cpp's caches, in one run, alternating: kvcore, llama.cpp (f16 cache, flash
 # attention off; f16 on; q8_0 K and V on), kvcore again. Writes one JSON file per run to
 # OUT (default /tmp/prefill-bench). The goals: pp4096 ≥ 1.2× llama.cpp's best,
-# and pp4096 ≥ 0.5 × pp256 (BENCHMARKS.md, "Prefill at depth").
+# and pp4096 ≥ 0.5 × pp256 (see BENCHMARKS.md).
 #
 # Usage: benches/prefill_vs_llamacpp.sh [MODEL.gguf] [OUT]
 # PROMPTS (default 256,4096) and REPS (default 2) override the sizes and repetitions.

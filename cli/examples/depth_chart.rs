@@ -1,5 +1,5 @@
 //! Draws decode tokens/s against the cache's depth, one line per KV type, kvcore beside
-//! llama.cpp (BENCHMARKS.md, "Decode against depth").
+//! llama.cpp (BENCHMARKS.md shows the current one).
 //!
 //! Usage: `depth_chart RUN_DIR OUT.svg`, where RUN_DIR holds the JSON files that
 //! `benches/kv_types_vs_llamacpp.sh` writes: arrays of rows from `kvcore bench --json`

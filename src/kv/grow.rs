@@ -4,7 +4,8 @@
 //! It starts with `min(64, max_ctx)` slots per layer; an append that needs more doubles
 //! the capacity (clamped to `max_ctx`) and copies each layer's rows to the new stride
 //! with one memcpy (the growth rule and its rollback are in `rows.rs`). `bytes()` is
-//! exactly `2 · n_layers · capacity · kv_dim · 4` outside an open append.
+//! exactly `n_layers · capacity · (K row bytes + V row bytes)` outside an open append
+//! (`2 · n_layers · capacity · kv_dim · 4` for f32; rows in any element type, `elem.rs`).
 
 use std::fmt;
 use std::sync::Arc;

@@ -28,7 +28,6 @@
 //! - [`DenseKv`] preallocates `max_ctx` positions: the reference.
 //! - [`GrowKv`] starts at `min(64, max_ctx)` positions and doubles on demand, up to the
 //!   hard `max_ctx` ceiling, re-laying out its rows with one memcpy per layer.
-//!
 //! - [`PagedKv`] is one sequence in a [`KvPool`]: blocks of positions shared between
 //!   sequences (forks, a prefix cache keyed by a chained hash of the tokens) and copied
 //!   on write, under the pool's byte budget (`paged.rs`).
@@ -39,10 +38,16 @@
 //!   pending rows; attention with `Mask::SlidingWindow` over them is bitwise that over a
 //!   dense store. Rewinding behind a window is [`KvError::BehindWindow`].
 //!
-//! The first two keep K and V as `[n_layers][cap][kv_dim]` f32 with the live capacity as
-//! the per-layer stride, share their implementation (`rows.rs`, which `WindowKv` uses for
-//! its global layers) and differ only in when capacity is allocated, so their views, and
-//! the attention computed from them, are bitwise identical. Positions at or past `max_ctx` are a [`KvError::ContextOverflow`];
+//! Every store keeps K and V in an element type chosen for each ([`KvType`]: f32, the
+//! reference, f16, bf16 or q8_0; `elem.rs`), encoded one row at a time when written, so
+//! stores given the same rows hold the same bytes; a q8_0 key store may keep its keys
+//! less the model's key offsets (`offsets.rs`), which its views hand to attention.
+//!
+//! The first two keep K and V as `[n_layers][cap]` rows of those types with the live
+//! capacity as the per-layer stride, share their implementation (`rows.rs`, which
+//! `WindowKv` uses for its global layers) and differ only in when capacity is allocated,
+//! so their views, and the attention computed from them, are bitwise identical. Positions
+//! at or past `max_ctx` are a [`KvError::ContextOverflow`];
 //! every size is computed with checked arithmetic ([`KvError::TooLarge`]) and every buffer
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.

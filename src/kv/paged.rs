@@ -62,12 +62,12 @@
 //! shared, bytes, lookups and the hit rate.
 //!
 //! ## Why blocks of 64 positions by default
-//! Measured (`BENCHMARKS.md`, "Paged KV: block size"; `cargo bench --bench kernels --
-//! attention_paged`): one decode step's attention over 4096 cached positions, whose
-//! view is one segment per block, costs 1.3–1.9× a single segment's with blocks of 16,
-//! 1.06–1.35× with 32, 1.0–1.14× with 64 and ≈ 1.0× from 128 up. Blocks of 64 keep that
-//! cost small while sharing prefixes at a finer grain and wasting half what 128 would
-//! in each sequence's last, partial block (SmolLM2 f32: 2.9 MB at most per sequence).
+//! Measured (`cargo bench --bench kernels -- attention_paged`): one decode step's
+//! attention over 4096 cached positions, whose view is one segment per block, costs
+//! clearly more than a single segment's with blocks of 16 or 32, a little more with 64
+//! and the same from 128 up. Blocks of 64 keep that cost small while sharing prefixes at a
+//! finer grain and wasting half what 128 would in each sequence's last, partial block
+//! (SmolLM2 f32: 2.9 MB at most per sequence).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -11,9 +11,9 @@
 //! An append of `n` positions at `at` that needs `at + n > cap` grows the store in
 //! [`Rows::begin`]: the capacity doubles until it covers `at + n`, clamped to `max_ctx`
 //! (from 0 the doubling starts at 1), both buffers are allocated at the new size
-//! (zero-filled, so every page is resident) and each layer's committed rows are copied
-//! from the old stride to the new with one `copy_from_slice`. The rows copied over a run
-//! of appends sum to less than twice the final size. The old buffers are kept until the
+//! (zero-filled: `mem.rs`) and each layer's committed rows are copied from the old stride
+//! to the new with one `copy_from_slice`. The rows copied over a run of appends sum to less
+//! than twice the final size. The old buffers are kept until the
 //! commit, so a rollback restores them. An append with `at < len` that does not grow
 //! overwrites committed rows `at .. min(len, at + n)` in place; `begin` allocates room
 //! for them and `write` saves each layer's before overwriting it, for the rollback.

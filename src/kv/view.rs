@@ -2,12 +2,13 @@
 //!
 //! A view is a list of [`KvSegment`]s in ascending position order. A segment is a run of
 //! slots holding consecutive positions `start .. start + len`, its keys and values as
-//! [`KvRows`] of shape `[slots, n_kv_heads, head_dim]` in the store's element type. The
-//! layout is the store's business: the dense and growing stores hand out one segment
-//! (their rows `0..len`, contiguous); a ring of window slots hands out two (the tail of
-//! the ring, then its head); a page table one per page. The position of every slot is
-//! explicit (`start + i`), so attention computes its masks from positions, never from
-//! slot indices (see [`Mask`](crate::backend::Mask)).
+//! [`KvRows`] of shape `[slots, n_kv_heads, head_dim]` in the store's element types (q8_0:
+//! `head_dim / 32` blocks per head; a q8_0 key store's view also carries its key offsets,
+//! [`KvView::key_offset`]). The layout is the store's business: the dense and growing
+//! stores hand out one segment (their rows `0..len`, contiguous); a ring of window slots
+//! hands out two (the tail of the ring, then its head); a page table one per page. The
+//! position of every slot is explicit (`start + i`), so attention computes its masks from
+//! positions, never from slot indices (see [`Mask`](crate::backend::Mask)).
 //!
 //! Positions are unique across a view and increase from slot to slot and from segment
 //! to segment ([`KvView::new`] checks it), so "the visible slots in view order" is the

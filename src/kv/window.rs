@@ -8,9 +8,10 @@
 //! [`Mask::SlidingWindow`](crate::backend::Mask)).
 //! - The global layers live in one inner `Rows` (`rows.rs`, the code of `GrowKv`) over
 //!   those layers only, with a map from layer index to its index there.
-//! - A window layer is a ring of slots, `[cap][kv_dim]` f32 for K and V, position `p` in
-//!   slot `p mod cap`. It holds the committed positions `lo .. len`, at most `w` of them:
-//!   after every commit it retains the last `w` committed positions (so the last one can
+//! - A window layer is a ring of slots, `[cap]` rows of K's and of V's element type
+//!   (`elem.rs`), position `p` in slot `p mod cap`. It holds the committed positions
+//!   `lo .. len`, at most `w` of them: after every commit it retains the last `w` committed
+//!   positions (so the last one can
 //!   always be replaced, as a session re-running its last token does, with the `w − 1`
 //!   before it still visible). The ring grows on demand like `GrowKv`: it starts at
 //!   `min(64, w, max_ctx)` slots and doubles, clamped to `min(w, max_ctx)`, re-laying
@@ -32,10 +33,11 @@
 //! `at < len` a window layer's view hides its committed positions `≥ at`.
 //!
 //! ## Memory
-//! Outside an append, `bytes()` is `2 · kv_dim · 4 · (n_global · c + Σ_window cap)`
-//! where `c` is the global layers' capacity and each ring's `cap ≤ min(w, max_ctx)`: a
-//! window layer costs at most `w` positions however long the sequence. During an append
-//! add the staging buffers (`n` rows per window layer) and any grown buffers.
+//! Outside an append, `bytes()` is `(K row bytes + V row bytes) · (n_global · c +
+//! Σ_window cap)` (a row pair is `2 · kv_dim · 4` bytes in f32), where `c` is the global
+//! layers' capacity and each ring's `cap ≤ min(w, max_ctx)`: a window layer costs at most
+//! `w` positions however long the sequence. During an append add the staging buffers (`n`
+//! rows per window layer) and any grown buffers.
 //!
 //! ## Rewinding behind the window
 //! A ring cannot bring back what it evicted. Going back to position `n` (a
@@ -69,8 +71,9 @@ use super::{
 ///   a prefill longer than the window see their own window).
 /// - **Memory**: outside an append a window layer holds at most `min(w, max_ctx)` slots
 ///   (it starts at `min(64, w, max_ctx)` and doubles on demand), a global layer as many
-///   as `GrowKv` would; `bytes()` is `2 · kv_dim · 4 ·` the slots of every layer, plus,
-///   during an append, the staging of `n` rows per window layer and any grown buffers.
+///   as `GrowKv` would; `bytes()` is a slot's K and V row bytes (`2 · kv_dim · 4` in f32)
+///   times the slots of every layer, plus, during an append, the staging of `n` rows per
+///   window layer and any grown buffers.
 ///   Every allocation of an append happens in `begin`, and a rollback restores
 ///   `capacity()` and `bytes()` exactly.
 /// - **Rewinding**: after every commit a window layer retains its last `w` committed

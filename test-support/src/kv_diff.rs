@@ -25,17 +25,19 @@
 //!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense,
 //!   growing and window stores fail): then the others' append is rolled back;
 //! - every layer's view holds the same positions (`0 .. len`, or `0 .. at + n` for a
-//!   layer written by the open append) and the same `f32::to_bits` in all three (NaN
-//!   payloads and `-0.0` included);
+//!   layer written by the open append) and the same stored bytes in all three (f32 rows
+//!   by `f32::to_bits`, NaN payloads and `-0.0` included; f16, bf16 and q8_0 rows, as the
+//!   scenario's K and V types choose, by their encoded units);
 //! - a failed or rolled-back op left each store exactly as it was (positions, bits,
 //!   capacity, bytes);
-//! - `len` is equal; `DenseKv`'s capacity is `max_ctx` and its bytes
-//!   `2 · n_layers · max_ctx · kv_dim · 4`; `GrowKv`'s capacity stays in `len..=max_ctx`
-//!   and never shrinks, its bytes are exactly `2 · n_layers · capacity · kv_dim · 4`
-//!   outside an append and at most the dense store's; `WindowKv`'s per-layer capacity
-//!   is in `len..=max_ctx` for a global layer and in `retained..=min(w, max_ctx)` for a
-//!   window layer, and its bytes are exactly `2 · kv_dim · 4 · Σ layer capacity` outside
-//!   an append (so a window layer costs at most `w` positions).
+//! - `len` is equal; with `P` a position's K and V row bytes in the scenario's types
+//!   (`2 · kv_dim · 4` in f32), `DenseKv`'s capacity is `max_ctx` and its bytes
+//!   `n_layers · max_ctx · P`; `GrowKv`'s capacity stays in `len..=max_ctx` and never
+//!   shrinks, its bytes are exactly `n_layers · capacity · P` outside an append and at
+//!   most the dense store's; `WindowKv`'s per-layer capacity is in `len..=max_ctx` for a
+//!   global layer and in `retained..=min(w, max_ctx)` for a window layer, and its bytes
+//!   are exactly `P · Σ layer capacity` outside an append (so a window layer costs at most
+//!   `w` positions).
 //!
 //! Scenarios implement [`arbitrary::Arbitrary`] with bounded sizes so one run takes
 //! microseconds to milliseconds (`1..=4` layers, `1..=3` KV heads of `0..=6`, `max_ctx`

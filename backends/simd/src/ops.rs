@@ -40,8 +40,8 @@ use std::ops::Range;
 
 /// Weight rows decoded per GEMM panel of a few tokens (`n ≤ SMALL_N`): `64 × 2048 ×
 /// 4` bytes = 512 KiB at the widest reduction of the two models, in L2 while the tokens
-/// are dotted with it. (8 to 64 rows measured alike: `BENCHMARKS.md`, "Batched decode
-/// with f32 activations".)
+/// are dotted with it. (8 to 64 rows measured alike in batched decode with f32
+/// activations.)
 pub(crate) const PANEL_ROWS: usize = 64;
 
 /// The f32 bytes of one decoded panel for `sgemm` (`n > SMALL_N`). Each `sgemm`

@@ -310,7 +310,7 @@ pub(super) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// instruction, and the hardware prefetchers stop at every 4 KiB page of the weights, so
 /// the GEMVs touch the next row (or row pair) before they multiply one: its lines are
 /// then fetched side by side, not one page's first lines after another as the loop
-/// reaches them. SmolLM2's 8-bit decode under wasmtime on a Zen 5: 75 → 100+ tok/s
+/// reaches them. SmolLM2's 8-bit decode under wasmtime and Node measured faster with it
 /// (BENCHMARKS.md); touching two or more pieces ahead measured slower than one.
 #[inline(always)]
 pub(super) fn touch_next(data: &[u8], unit: usize, i: usize) {
