@@ -297,7 +297,7 @@ fn bad_requests_get_a_400_with_an_openai_error_that_names_the_problem() {
             &json!({"messages": [{"role": "user", "content": long}]}),
         ),
         400,
-        "shorter than the context of 256",
+        "longer than the context of 256",
     );
     assert_error(
         server.post(chat, &user(json!({"max_tokens": 1000}))),
@@ -308,6 +308,31 @@ fn bad_requests_get_a_400_with_an_openai_error_that_names_the_problem() {
     assert_eq!(
         (status, v["error"]["param"].as_str()),
         (400, Some("max_tokens"))
+    );
+    // The decoder's budget, as in every front end: a prompt of the whole context still
+    // gets its one token (the last token is never run), and no more.
+    let whole = vec![28u32; 256];
+    assert_error(
+        server.post(
+            "/v1/completions",
+            &json!({"prompt": whole, "max_tokens": 2, "temperature": 0}),
+        ),
+        400,
+        "(at most 1)",
+    );
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": whole, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
+    assert_error(
+        server.post(
+            "/v1/completions",
+            &json!({"prompt": vec![28u32; 257], "max_tokens": 1}),
+        ),
+        400,
+        "longer than the context of 256",
     );
     assert_error(
         server.post("/v1/completions", &json!({"prompt": [1, 2, 999999]})),
