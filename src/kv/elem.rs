@@ -13,7 +13,7 @@
 //! | `f32` | `f32` | 4 | exact |
 //! | `f16` | IEEE half | 2 | round to nearest even (`half::f16::from_f32`); beyond ±65504 → ±∞ |
 //! | `bf16` | bfloat16 | 2 | round to nearest even (`half::bf16::from_f32`), NaN kept NaN |
-//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`) |
+//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down to a positive finite scale), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`; a scale f16 rounds to 0 or ∞ is stored so, the quants against the f32 `d`) |
 //!
 //! A `q8_0` block stores `f32(d) · q_j ≈ (H x)_j`, decoded exactly as GGUF's `Q8_0`
 //! weights (the kernels use the same dequantisers for both); attention rotates the query

@@ -80,8 +80,8 @@ use sha2::{Digest, Sha256};
 use super::elem::{Buf, KeyShift};
 use super::rows::checked_size;
 use super::{
-    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
-    check_begin, check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore,
+    KvType, KvView, check_begin, check_complete, check_rows, check_stored,
 };
 
 /// A chained block hash (see the header of `src/kv/paged.rs`).
@@ -817,17 +817,6 @@ impl KvStore for PagedKv {
         Ok(())
     }
 
-    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
-        let (_, n) = self.open_append(layer)?;
-        let s = &self.pool.shared;
-        check_stored(n, &s.geometry, s.types, &k, &v)?;
-        self.write_runs(layer, |block, row, t0, t1| {
-            block.k.assign(row, k.slots(t0..t1));
-            block.v.assign(row, v.slots(t0..t1));
-        });
-        Ok(())
-    }
-
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
         check_complete(p.n, &p.written)?;
@@ -881,6 +870,23 @@ impl KvStore for PagedKv {
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         Ok(Box::new(self.fork()?))
+    }
+
+    fn restorer(&mut self) -> Option<&mut dyn KvRestore> {
+        Some(self)
+    }
+}
+
+impl KvRestore for PagedKv {
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        let (_, n) = self.open_append(layer)?;
+        let s = &self.pool.shared;
+        check_stored(n, &s.geometry, s.types, &k, &v)?;
+        self.write_runs(layer, |block, row, t0, t1| {
+            block.k.assign(row, k.slots(t0..t1));
+            block.v.assign(row, v.slots(t0..t1));
+        });
+        Ok(())
     }
 }
 

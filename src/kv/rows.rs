@@ -419,7 +419,8 @@ impl fmt::Debug for Rows {
     }
 }
 
-/// Implements [`KvStore`](super::KvStore) for a newtype over [`Rows`] by forwarding.
+/// Implements [`KvStore`](super::KvStore) and [`KvRestore`](super::KvRestore) for a
+/// newtype over [`Rows`] by forwarding.
 macro_rules! forward_store {
     ($store:ty) => {
         impl $crate::kv::KvStore for $store {
@@ -455,14 +456,6 @@ macro_rules! forward_store {
             ) -> Result<(), $crate::kv::KvError> {
                 self.0.write(layer, k, v)
             }
-            fn write_stored(
-                &mut self,
-                layer: usize,
-                k: $crate::kv::KvRows<'_>,
-                v: $crate::kv::KvRows<'_>,
-            ) -> Result<(), $crate::kv::KvError> {
-                self.0.write_stored(layer, k, v)
-            }
             fn commit(&mut self) -> Result<(), $crate::kv::KvError> {
                 self.0.commit()
             }
@@ -481,6 +474,20 @@ macro_rules! forward_store {
             }
             fn key_offsets(&self) -> Option<&std::sync::Arc<$crate::kv::KeyOffsets>> {
                 self.0.key_offsets()
+            }
+            fn restorer(&mut self) -> Option<&mut dyn $crate::kv::KvRestore> {
+                Some(self)
+            }
+        }
+
+        impl $crate::kv::KvRestore for $store {
+            fn write_stored(
+                &mut self,
+                layer: usize,
+                k: $crate::kv::KvRows<'_>,
+                v: $crate::kv::KvRows<'_>,
+            ) -> Result<(), $crate::kv::KvError> {
+                self.0.write_stored(layer, k, v)
             }
         }
 

@@ -25,7 +25,7 @@
 //! a layer that keeps every position has `window = 0, start = 0`; a window layer of `w`
 //! ([`WindowKv`](crate::kv::WindowKv)) only its retained positions, the last `min(n, w)`
 //! (or `w − 1` after its last position was truncated), the starts
-//! [`KvStore::restore_starts`] allows. The windows must be the target store's
+//! [`restore_starts`] allows. The windows must be the target store's
 //! ([`SessionError::WindowMismatch`]), so a windowed file never loads into a dense store
 //! or one of other windows, nor the other way round. `n_rows` makes the exact length
 //! follow from the header, up to the key-offsets section: a file is either that long
@@ -84,7 +84,8 @@ use thiserror::Error;
 use super::Session;
 use crate::backend::Backend;
 use crate::kv::{
-    Append, BlockQ8_0, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, Q8_0_BLOCK,
+    Append, BlockQ8_0, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore, KvType,
+    Q8_0_BLOCK, restore_starts,
 };
 use crate::model::Llama;
 
@@ -237,7 +238,7 @@ pub enum SessionError {
     /// A layer whose positions are not the ones the store's layer keeps for `n_tokens`
     /// positions: `start .. n_tokens` for a `start` in `first ..= last` (`0 ..= 0` for a
     /// layer that keeps every position; for a sliding window of `w`, the last `w` or
-    /// `w − 1` positions, [`KvStore::restore_starts`]).
+    /// `w − 1` positions, [`restore_starts`]).
     #[error(
         "session layer {layer} holds positions {start}..{start}+{count}, expected start..{n_tokens} with start in {first}..={last}"
     )]
@@ -818,14 +819,14 @@ impl<W: Write> Sink<W> {
 
 /// The positions `start .. n_tokens` layer `layer`'s view holds, checked: consecutive
 /// segments ending at `n_tokens` from a start the store would accept back
-/// ([`KvStore::restore_starts`]). Returns `(start, count)`.
+/// ([`restore_starts`] of its window). Returns `(start, count)`.
 fn span<K: KvStore + ?Sized>(
     kv: &K,
     layer: usize,
     segments: &[KvSegment<'_>],
     n_tokens: usize,
 ) -> Result<(usize, usize), SessionError> {
-    let starts = kv.restore_starts(layer, n_tokens);
+    let starts = restore_starts(kv.window(layer), n_tokens);
     let count: usize = segments.iter().map(|s| s.len()).sum();
     let start = segments
         .first()
@@ -996,7 +997,11 @@ impl<K: KvStore> Session<K> {
         }
         sink.finish().map_err(io)
     }
+}
 
+/// Loading needs a store that takes stored rows ([`KvRestore`]; a `Box<dyn KvStore>`
+/// through its [`restorer`](KvStore::restorer)).
+impl<K: KvRestore> Session<K> {
     /// Replaces the session's ids and rows with those of the file at `path` and returns
     /// the application's blob. See [`restore_with`](Self::restore_with).
     pub fn restore<B: Backend>(
@@ -1159,7 +1164,7 @@ impl<K: KvStore> Session<K> {
             if file != store.map(|w| w as u64) {
                 return Err(SessionError::WindowMismatch { layer, file, store });
             }
-            let starts = tx.restore_starts(layer, n);
+            let starts = restore_starts(store, n);
             let (first, last) = (*starts.start() as u64, *starts.end() as u64);
             if start.checked_add(count) != Some(n as u64) || start < first || start > last {
                 return Err(SessionError::LayerPositions {
