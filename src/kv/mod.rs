@@ -48,8 +48,10 @@
 //!
 //! Every store keeps K and V in an element type chosen for each ([`KvType`]: f32, the
 //! reference, f16, bf16 or q8_0; `elem.rs`), encoded one row at a time when written, so
-//! stores given the same rows hold the same bytes; a q8_0 key store may keep its keys
-//! less the model's key offsets (`offsets.rs`), which its views hand to attention.
+//! stores given the same rows hold the same bytes. What a type does to a row, and what
+//! attention and state files must do about it, is its codec's ([`KvCodec`], `codec.rs`):
+//! a q8_0 key store may keep its keys less the model's key offsets (`offsets.rs`), which
+//! its views hand to attention.
 //!
 //! The first two keep K and V as `[n_layers][cap]` rows of those types with the live
 //! capacity as the per-layer stride, share their implementation (`rows.rs`, which
@@ -60,6 +62,7 @@
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.
 
+pub mod codec;
 mod dense;
 mod elem;
 mod grow;
@@ -70,8 +73,9 @@ mod rows;
 mod view;
 mod window;
 
+pub use codec::KvCodec;
 pub use dense::DenseKv;
-pub use elem::{BlockQ8_0, Q8_0_BLOCK, encode_q8_0, hadamard, rotation_len};
+pub use elem::{BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
 pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
@@ -482,10 +486,12 @@ pub trait KvStore: Send {
     /// `truncate(n ≥ len)` always succeed.
     fn truncate(&mut self, n: usize) -> Result<(), KvError>;
 
-    /// The key offsets this store's `q8_0` keys are kept less of (`kv/offsets.rs`), or
-    /// `None` (the default): keys are stored as they come. State files record them.
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        None
+    /// The codecs of the K rows and of the V rows ([`KvCodec`]: the element types and
+    /// any calibration, which state files record). The default: the
+    /// [`kv_types`](KvStore::kv_types) without calibration.
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        let (k, v) = self.kv_types();
+        (KvCodec::new(k), KvCodec::new(v))
     }
 
     /// Drops every position; capacity is kept. Discards an open append first.
@@ -603,8 +609,8 @@ impl KvStore for Box<dyn KvStore> {
     ) -> Result<(), KvError> {
         (**self).write(layer, k, v)
     }
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        (**self).key_offsets()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        (**self).codecs()
     }
     fn commit(&mut self) -> Result<(), KvError> {
         (**self).commit()

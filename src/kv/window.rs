@@ -57,8 +57,8 @@ use ndarray::ArrayView2;
 use super::elem::{Buf, KeyShift};
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
-    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore,
-    KvType, KvView, check_begin, check_complete, check_rows, check_stored, restore_starts,
+    AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
+    KvStore, KvType, KvView, check_begin, check_complete, check_rows, check_stored, restore_starts,
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
@@ -269,7 +269,7 @@ impl WindowKv {
     }
 
     /// The same empty store keeping its `q8_0` keys less `offsets` (`kv/offsets.rs`; a
-    /// model's come from [`Llama::key_offsets`](crate::model::Llama::key_offsets)).
+    /// model's come from [`Llama::key_codec`](crate::model::Llama::key_codec)).
     ///
     /// # Errors
     /// [`KvError::KeyOffsets`] when the store holds positions, its keys are not `q8_0`,
@@ -288,6 +288,19 @@ impl WindowKv {
         self.global.set_key_offsets(offsets.clone(), layers);
         self.key_offsets = Some(offsets);
         Ok(self)
+    }
+
+    /// The same empty store with keys of `codec` (its calibration, if any).
+    ///
+    /// # Errors
+    /// [`KvError::RowType`] when the codec's type is not the keys', and as
+    /// [`with_key_offsets`](Self::with_key_offsets).
+    pub fn with_key_codec(self, codec: &KvCodec) -> Result<Self, KvError> {
+        super::codec::check_key_codec(codec, self.types.0)?;
+        match codec.key_offsets() {
+            Some(o) => self.with_key_offsets(o.clone()),
+            None => Ok(self),
+        }
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -705,8 +718,8 @@ impl KvStore for WindowKv {
         })
     }
 
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.key_offsets.as_ref()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        self.global.codecs()
     }
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {

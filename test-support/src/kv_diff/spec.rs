@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use kvcore::kv::{
-    BlockQ8_0, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+    BlockQ8_0, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
 };
 use kvcore::ndarray::{ArrayView2, ArrayView3};
 
@@ -414,8 +414,13 @@ impl KvStore for SpecKv {
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         Ok(Box::new(self.fork()?))
     }
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.key_offsets.as_ref()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        let k = match &self.key_offsets {
+            Some(o) => KvCodec::with_key_offsets(self.types.0, o.clone())
+                .expect("a scenario gives offsets to q8_0 keys only"),
+            None => KvCodec::new(self.types.0),
+        };
+        (k, KvCodec::new(self.types.1))
     }
 }
 
