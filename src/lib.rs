@@ -71,7 +71,9 @@ pub mod tokenizer;
 pub use backend::{
     AttnJob, AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights,
 };
-pub use kv::{Append, DenseKv, GrowKv, KvError, KvGeometry, KvStore, KvType, KvView, WindowKv};
+pub use kv::{
+    Append, DenseKv, GrowKv, KvError, KvGeometry, KvRestore, KvStore, KvType, KvView, WindowKv,
+};
 /// The array crate of kvcore's public signatures (attention's operands, the KV views),
 /// re-exported so callers use the same version.
 pub use ndarray;

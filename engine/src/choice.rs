@@ -91,11 +91,9 @@ impl KvChoice {
         Ok(match self {
             KvChoice::Grow => model.new_kv_with_types(max_ctx, types)?,
             KvChoice::Dense => {
+                let keys = model.key_codec(types.0, max_ctx)?;
                 let kv = DenseKv::with_types(model.kv_geometry(), max_ctx, types)?;
-                match types.0 {
-                    KvType::Q8_0 => Box::new(kv.with_key_offsets(model.key_offsets(max_ctx)?)?),
-                    _ => Box::new(kv),
-                }
+                Box::new(kv.with_key_codec(&keys)?)
             }
         })
     }

@@ -616,12 +616,10 @@ impl Engine {
             key,
         };
         let pool = KvPool::new(geometry, self.options.kv_types, config)?;
-        // q8_0 keys are kept less the model's key offsets, over its whole context.
-        if self.options.kv_types.0 != KvType::Q8_0 {
-            return Ok(pool);
-        }
-        let offsets = with_model!(&self.model, m => m.key_offsets(m.config().context_len)?);
-        Ok(pool.with_key_offsets(offsets)?)
+        // The keys' codec over the model's whole context (its calibration, if any).
+        let k = self.options.kv_types.0;
+        let keys = with_model!(&self.model, m => m.key_codec(k, m.config().context_len)?);
+        Ok(pool.with_key_codec(&keys)?)
     }
 
     /// One forward pass over several sequences of a pool, each appending its tokens at

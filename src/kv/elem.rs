@@ -13,7 +13,7 @@
 //! | `f32` | `f32` | 4 | exact |
 //! | `f16` | IEEE half | 2 | round to nearest even (`half::f16::from_f32`); beyond ±65504 → ±∞ |
 //! | `bf16` | bfloat16 | 2 | round to nearest even (`half::bf16::from_f32`), NaN kept NaN |
-//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`) |
+//! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down to a positive finite scale), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`; a scale f16 rounds to 0 or ∞ is stored so, the quants against the f32 `d`) |
 //!
 //! A `q8_0` block stores `f32(d) · q_j ≈ (H x)_j`, decoded exactly as GGUF's `Q8_0`
 //! weights (the kernels use the same dequantisers for both); attention rotates the query
@@ -25,13 +25,15 @@ use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 
+use super::codec::encode_q8_0_row;
 use super::mem::Mem;
 use super::{Gate, KeyOffsets, KvError, KvRows, KvType};
 use crate::backend::q8;
 
 /// One `q8_0` block, llama.cpp's 34-byte `block_q8_0` layout (the scale `d` as f16, then
 /// the 32 signed quants, byte for byte GGUF's `Q8_0`). In a store its values are those of
-/// a **rotated** head, `y = H x` ([`encode_q8_0`], [`hadamard`]).
+/// a **rotated** head, `y = H x` ([`encode_q8_0`](super::codec::encode_q8_0),
+/// [`hadamard`](super::codec::hadamard)).
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ8_0 {
@@ -45,8 +47,8 @@ pub struct BlockQ8_0 {
 pub const Q8_0_BLOCK: usize = 32;
 
 impl BlockQ8_0 {
-    /// Quantises 32 values in llama.cpp's `Q8_0` layout (no rotation: [`encode_q8_0`]
-    /// rotates first), the quants rounded against the scale as stored.
+    /// Quantises 32 values in llama.cpp's `Q8_0` layout (no rotation:
+    /// [`encode_q8_0`](super::codec::encode_q8_0) rotates first), the quants rounded against the scale as stored.
     pub fn encode(x: &[f32]) -> BlockQ8_0 {
         let mut qs = [0i8; 32];
         let x = &x[..Q8_0_BLOCK];
@@ -81,63 +83,6 @@ impl BlockQ8_0 {
             *o = d * f32::from(q);
         }
     }
-}
-
-/// The rotation length of a `q8_0` head of `head_dim` values: the largest power of two
-/// dividing it (64 for SmolLM2, 256 for Gemma 3; at least 32, since `head_dim` is a
-/// multiple of 32).
-pub fn rotation_len(head_dim: usize) -> usize {
-    1 << head_dim.trailing_zeros().min(usize::BITS - 1)
-}
-
-/// The unnormalised Walsh–Hadamard transform of each `n`-value run of `x`, in place:
-/// `x ← H_n x` with `H_n` the ±1 Sylvester matrix (`H_n H_n = n I`), by `log₂ n` butterfly
-/// stages in f32. `n` is a power of two and `x.len()` a multiple of it.
-///
-/// Why: a `q8_0` block's scale is set by its largest magnitude, and the keys of a
-/// transformer have a few channels far larger than the rest (SmolLM2's measured mean KLD
-/// with plain q8_0 keys was 7.9e-4, four times the budget). Rotating a head spreads such
-/// a channel over all of it before the scales are chosen (the idea of QuaRot and of
-/// llama.cpp's rotated caches). The rotation is orthogonal up to the factor `n`, a power
-/// of two, so attention rotates each query head the same way and divides by `n` exactly:
-/// `(H q)·(H k) / n = q·k`; a weighted sum of rotated values is rotated back with the same
-/// transform (`H (Σ p H v) / n = Σ p v`).
-pub fn hadamard(x: &mut [f32], n: usize) {
-    for run in x.chunks_exact_mut(n) {
-        let mut h = 1;
-        if n >= 8 {
-            // The stages within 8 values, on fixed-size chunks the compiler unrolls.
-            for c in run.chunks_exact_mut(8) {
-                for h in [1, 2, 4] {
-                    for i in (0..8).filter(|i| i & h == 0) {
-                        (c[i], c[i + h]) = (c[i] + c[i + h], c[i] - c[i + h]);
-                    }
-                }
-            }
-            h = 8;
-        }
-        while h < n {
-            // Each stage pairs the two halves of every `2h` run, written as slices so
-            // the compiler vectorises the butterflies (no index arithmetic, no bounds
-            // checks): every value is still the one sum or difference of its pair.
-            for pair in run.chunks_exact_mut(2 * h) {
-                let (lo, hi) = pair.split_at_mut(h);
-                for (a, b) in lo.iter_mut().zip(hi) {
-                    (*a, *b) = (*a + *b, *a - *b);
-                }
-            }
-            h *= 2;
-        }
-    }
-}
-
-/// One row (or any whole number of heads) of `head_dim`-value heads as stored in `q8_0`:
-/// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
-/// by block ([`BlockQ8_0::encode`]).
-pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
-    let mut y = x.to_vec();
-    hadamard(&mut y, rotation_len(head_dim));
-    y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect()
 }
 
 /// Where the key rows a store encodes sit, when it has key offsets (`kv/offsets.rs`):
@@ -257,24 +202,16 @@ impl Buf {
                 }
             }
             Data::Q8_0(d) => {
-                let n_rot = rotation_len(head_dim);
                 let mut y = vec![0f32; kv_dim];
-                let mut out = d[span].iter_mut();
-                for (t, row) in rows.axis_iter(Axis(0)).enumerate() {
+                let units = kv_dim / Q8_0_BLOCK;
+                for (t, (row, out)) in rows
+                    .axis_iter(Axis(0))
+                    .zip(d[span].chunks_exact_mut(units.max(1)))
+                    .enumerate()
+                {
                     y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
-                    hadamard(&mut y, n_rot);
-                    if let Some(s) = shift {
-                        for (h, head) in y.chunks_exact_mut(head_dim).enumerate() {
-                            let t_b = s.offsets.rotated(s.layer, s.pos + t, h).expect(
-                                "the store checked its offsets cover its layers and max_ctx",
-                            );
-                            head.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
-                        }
-                    }
-                    // The blocks first: `zip` must not take an output it will not fill.
-                    for (block, o) in y.chunks_exact(Q8_0_BLOCK).zip(out.by_ref()) {
-                        *o = BlockQ8_0::encode(block);
-                    }
+                    let shift = shift.map(|s| (s.offsets, s.layer, s.pos + t));
+                    encode_q8_0_row(&mut y, head_dim, shift, out);
                 }
             }
         }
@@ -312,36 +249,5 @@ impl Buf {
 fn fill<T: Copy>(dst: &mut [T], rows: ArrayView3<'_, T>) {
     for (o, &x) in dst.iter_mut().zip(rows.iter()) {
         *o = x;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `hadamard` is the product by the Sylvester matrix, `H[i][j] = (−1)^popcount(i & j)`,
-    /// computed here from that definition. Small integers keep every sum exact, so the
-    /// two must agree exactly, run by run.
-    #[test]
-    fn hadamard_is_the_sylvester_matrix_product() {
-        for n in [1usize, 2, 4, 8, 32, 64, 128, 256] {
-            let x: Vec<f32> = (0..3 * n)
-                .map(|i| ((i * 7919) % 23) as f32 - 11.0)
-                .collect();
-            let mut y = x.clone();
-            hadamard(&mut y, n);
-            for (run, out) in x.chunks_exact(n).zip(y.chunks_exact(n)) {
-                for (i, &o) in out.iter().enumerate() {
-                    let want: f32 = (run.iter().enumerate())
-                        .map(|(j, &v)| if (i & j).count_ones() % 2 == 0 { v } else { -v })
-                        .sum();
-                    assert_eq!(o, want, "n {n}, output {i}");
-                }
-            }
-            // Its own inverse up to n.
-            hadamard(&mut y, n);
-            let back: Vec<f32> = y.iter().map(|v| v / n as f32).collect();
-            assert_eq!(back, x, "n {n}: H H x / n");
-        }
     }
 }

@@ -20,9 +20,17 @@
 //!   positions; a store that evicts may refuse, [`KvError::BehindWindow`], and
 //!   [`can_rewind_to`](KvStore::can_rewind_to) says so beforehand), [`clear`](KvStore::clear)
 //!   and [`fork`](KvStore::fork) (a second store holding the same positions; a copy).
-//! - **Restores** of state files go through [`begin_restore`](KvStore::begin_restore), an
-//!   append of all positions in which a layer is given only the positions it keeps
-//!   ([`restore_starts`](KvStore::restore_starts), [`window`](KvStore::window)).
+//! - **Restores** of state files are an extension, [`KvRestore`]: an append of all
+//!   positions ([`begin_restore`](KvRestore::begin_restore)) in which a layer is given
+//!   only the positions it keeps ([`restore_starts`], from [`window`](KvStore::window)),
+//!   as rows already in the store's element types
+//!   ([`write_stored`](KvRestore::write_stored)). A store that can load state files says
+//!   so through [`KvStore::restorer`], so a `Box<dyn KvStore>` loads them too.
+//!
+//! Every store makes the same admission checks in the same order (no append open, the
+//! start, the ceiling; the rows' shapes and types; every layer written before a commit),
+//! so all stores fail the same calls with the same errors; they live in this module,
+//! private to the stores (`check_begin` and its siblings).
 //!
 //! ## The stores
 //! - [`DenseKv`] preallocates `max_ctx` positions: the reference.
@@ -40,8 +48,10 @@
 //!
 //! Every store keeps K and V in an element type chosen for each ([`KvType`]: f32, the
 //! reference, f16, bf16 or q8_0; `elem.rs`), encoded one row at a time when written, so
-//! stores given the same rows hold the same bytes; a q8_0 key store may keep its keys
-//! less the model's key offsets (`offsets.rs`), which its views hand to attention.
+//! stores given the same rows hold the same bytes. What a type does to a row, and what
+//! attention and state files must do about it, is its codec's ([`KvCodec`], `codec.rs`):
+//! a q8_0 key store may keep its keys less the model's key offsets (`offsets.rs`), which
+//! its views hand to attention.
 //!
 //! The first two keep K and V as `[n_layers][cap]` rows of those types with the live
 //! capacity as the per-layer stride, share their implementation (`rows.rs`, which
@@ -52,6 +62,7 @@
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.
 
+pub mod codec;
 mod dense;
 mod elem;
 mod grow;
@@ -62,8 +73,9 @@ mod rows;
 mod view;
 mod window;
 
+pub use codec::KvCodec;
 pub use dense::DenseKv;
-pub use elem::{BlockQ8_0, Q8_0_BLOCK, encode_q8_0, hadamard, rotation_len};
+pub use elem::{BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
 pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
@@ -327,7 +339,7 @@ pub enum KvError {
         /// The model's head size.
         head_dim: usize,
     },
-    /// [`KvStore::write_stored`] with rows of another element type than the store's.
+    /// [`KvRestore::write_stored`] with rows of another element type than the store's.
     #[error("{what}: the store keeps {expected} rows, got {found}")]
     RowType {
         /// Which rows.
@@ -361,6 +373,13 @@ pub enum KvError {
         /// Positions held.
         len: usize,
     },
+    /// An optional capability the store does not have (a `Box<dyn KvStore>` whose store
+    /// has no [`KvStore::restorer`]).
+    #[error("this KV store does not support {operation}")]
+    Unsupported {
+        /// What was asked.
+        operation: &'static str,
+    },
     /// A segment whose positions run past `usize::MAX`.
     #[error("a segment of {len} slots at position {start} overflows")]
     PositionOverflow {
@@ -387,6 +406,12 @@ pub trait AllocGate: Send + Sync + fmt::Debug {
 /// See the [module docs](self) for the contract: views for reads, transactional appends
 /// for writes, sequence operations on committed state. Every method that takes outside
 /// input returns a `Result`; no method panics on any input.
+///
+/// What every store does: its shape and sizes, views, the append transaction and the
+/// sequence operations, each with the errors of the contract. Optional capabilities are
+/// extension traits reached through this one ([`KvRestore`], via
+/// [`restorer`](KvStore::restorer)). A store written outside kvcore is checked against
+/// the contract by `kvcore-test-support`'s `kv_store_suite!`.
 ///
 /// Object safe: `Box<dyn KvStore>` is itself a store (its [`fork`](KvStore::fork) goes
 /// through [`fork_boxed`](KvStore::fork_boxed)).
@@ -441,14 +466,6 @@ pub trait KvStore: Send {
         v: ArrayView2<'_, f32>,
     ) -> Result<(), KvError>;
 
-    /// [`write`](KvStore::write) with rows already in the store's element types (a state
-    /// file's, or another store's view): `k`, `v`: `[n, n_kv_heads, head_dim]`, stored as
-    /// they are, without encoding again.
-    ///
-    /// Errors, changing nothing: as [`write`](KvStore::write), and [`KvError::RowType`]
-    /// when a type is not the store's.
-    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError>;
-
     /// Makes the open append visible: the store then holds positions `0 .. at + n`.
     ///
     /// Errors, leaving the append open: [`KvError::NoAppend`], and
@@ -469,10 +486,12 @@ pub trait KvStore: Send {
     /// `truncate(n ≥ len)` always succeed.
     fn truncate(&mut self, n: usize) -> Result<(), KvError>;
 
-    /// The key offsets this store's `q8_0` keys are kept less of (`kv/offsets.rs`), or
-    /// `None` (the default): keys are stored as they come. State files record them.
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        None
+    /// The codecs of the K rows and of the V rows ([`KvCodec`]: the element types and
+    /// any calibration, which state files record). The default: the
+    /// [`kv_types`](KvStore::kv_types) without calibration.
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        let (k, v) = self.kv_types();
+        (KvCodec::new(k), KvCodec::new(v))
     }
 
     /// Drops every position; capacity is kept. Discards an open append first.
@@ -498,26 +517,6 @@ pub trait KvStore: Send {
         None
     }
 
-    /// The positions layer `layer` may be given by a restore of `n` positions
-    /// ([`begin_restore`](KvStore::begin_restore)): the allowed first positions,
-    /// `first ..= last` (rows `start .. n` for a `start` in that range). `0 ..= 0` (every
-    /// position) for a layer that keeps them all, the default.
-    fn restore_starts(&self, _layer: usize, _n: usize) -> RangeInclusive<usize> {
-        0..=0
-    }
-
-    /// Opens an append that will replace every position by `0 .. n` (a state file being
-    /// loaded), in which layer `l`'s [`write`](KvStore::write) carries only the rows
-    /// `start .. n` for a `start` in [`restore_starts`](KvStore::restore_starts)`(l, n)`:
-    /// `[n − start, kv_dim]`. The default, for stores that keep every position, is
-    /// [`begin`](KvStore::begin)`(0, n)`. Committed and rolled back like any append; a
-    /// window layer then holds exactly the rows given.
-    ///
-    /// Errors as [`begin`](KvStore::begin).
-    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
-        self.begin(0, n)
-    }
-
     /// A new store of the same kind holding the same positions, element types, ceiling
     /// and capacity (a copy).
     ///
@@ -528,6 +527,53 @@ pub trait KvStore: Send {
 
     /// [`fork`](KvStore::fork), boxed: the form a trait object can call.
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError>;
+
+    /// This store as a [`KvRestore`] (it can load state files), or `None`, the default.
+    /// A store that implements [`KvRestore`] returns `Some(self)`, which is how a
+    /// `Box<dyn KvStore>` reaches it.
+    fn restorer(&mut self) -> Option<&mut dyn KvRestore> {
+        None
+    }
+}
+
+/// The restore plumbing of state files: an extension of [`KvStore`] for stores that can
+/// take rows already in their element types. Every store of this module implements it.
+pub trait KvRestore: KvStore {
+    /// [`write`](KvStore::write) with rows already in the store's element types (a state
+    /// file's, or another store's view): `k`, `v`: `[n, n_kv_heads, head_dim]`, stored as
+    /// they are, without encoding again.
+    ///
+    /// Errors, changing nothing: as [`write`](KvStore::write), and [`KvError::RowType`]
+    /// when a type is not the store's.
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError>;
+
+    /// Opens an append that will replace every position by `0 .. n` (a state file being
+    /// loaded), in which layer `l`'s rows are only those of positions `start .. n` for a
+    /// `start` in [`restore_starts`]`(window(l), n)`: `[n − start, kv_dim]`. The default,
+    /// for stores that keep every position, is [`begin`](KvStore::begin)`(0, n)`.
+    /// Committed and rolled back like any append; a window layer then holds exactly the
+    /// rows given.
+    ///
+    /// Errors as [`begin`](KvStore::begin).
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        self.begin(0, n)
+    }
+}
+
+/// The first positions a restore of `n` positions may give a layer of sliding window
+/// `window` ([`KvStore::window`]), `first ..= last` (rows `start .. n` for a `start` in
+/// that range): `0 ..= 0` (every position) for a layer that keeps them all; for a window
+/// of `w`, from `n − min(n, w)` (the last `w` positions, what a ring retains after an
+/// append) to `n + 1 − w` (the `w − 1` positions a query at `n` sees, what remains after
+/// the last position was truncated).
+pub fn restore_starts(window: Option<usize>, n: usize) -> RangeInclusive<usize> {
+    match window {
+        None => 0..=0,
+        Some(w) => {
+            let first = n - n.min(w);
+            first..=(n + 1).saturating_sub(w).max(first)
+        }
+    }
 }
 
 impl KvStore for Box<dyn KvStore> {
@@ -563,11 +609,8 @@ impl KvStore for Box<dyn KvStore> {
     ) -> Result<(), KvError> {
         (**self).write(layer, k, v)
     }
-    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
-        (**self).write_stored(layer, k, v)
-    }
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        (**self).key_offsets()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        (**self).codecs()
     }
     fn commit(&mut self) -> Result<(), KvError> {
         (**self).commit()
@@ -587,18 +630,32 @@ impl KvStore for Box<dyn KvStore> {
     fn window(&self, layer: usize) -> Option<usize> {
         (**self).window(layer)
     }
-    fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
-        (**self).restore_starts(layer, n)
-    }
-    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
-        (**self).begin_restore(n)
-    }
     fn fork(&self) -> Result<Self, KvError> {
         (**self).fork_boxed()
     }
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         (**self).fork_boxed()
     }
+    fn restorer(&mut self) -> Option<&mut dyn KvRestore> {
+        (**self).restorer()
+    }
+}
+
+/// A boxed store restores through its [`restorer`](KvStore::restorer):
+/// [`KvError::Unsupported`] when it has none.
+impl KvRestore for Box<dyn KvStore> {
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        restorer(self)?.write_stored(layer, k, v)
+    }
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        restorer(self)?.begin_restore(n)
+    }
+}
+
+fn restorer(kv: &mut Box<dyn KvStore>) -> Result<&mut dyn KvRestore, KvError> {
+    kv.restorer().ok_or(KvError::Unsupported {
+        operation: "restoring a state file",
+    })
 }
 
 /// An open append on a store: writes, views for the pass's own attention, and a commit.
@@ -616,20 +673,9 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
         Ok(Append { kv, open: true })
     }
 
-    /// Opens a restore of `n` positions on `kv` ([`KvStore::begin_restore`]).
-    pub fn begin_restore(kv: &'s mut K, n: usize) -> Result<Self, KvError> {
-        kv.begin_restore(n)?;
-        Ok(Append { kv, open: true })
-    }
-
     /// [`KvStore::window`] of the store.
     pub fn window(&self, layer: usize) -> Option<usize> {
         self.kv.window(layer)
-    }
-
-    /// [`KvStore::restore_starts`] of the store.
-    pub fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
-        self.kv.restore_starts(layer, n)
     }
 
     /// [`KvStore::write`].
@@ -642,16 +688,6 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
         self.kv.write(layer, k, v)
     }
 
-    /// [`KvStore::write_stored`].
-    pub fn write_stored(
-        &mut self,
-        layer: usize,
-        k: KvRows<'_>,
-        v: KvRows<'_>,
-    ) -> Result<(), KvError> {
-        self.kv.write_stored(layer, k, v)
-    }
-
     /// [`KvStore::view`], including this append's rows of the layers written so far.
     pub fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
         self.kv.view(layer)
@@ -662,6 +698,24 @@ impl<'s, K: KvStore + ?Sized> Append<'s, K> {
         let result = self.kv.commit();
         self.open = result.is_err();
         result
+    }
+}
+
+impl<'s, K: KvRestore + ?Sized> Append<'s, K> {
+    /// Opens a restore of `n` positions on `kv` ([`KvRestore::begin_restore`]).
+    pub fn begin_restore(kv: &'s mut K, n: usize) -> Result<Self, KvError> {
+        kv.begin_restore(n)?;
+        Ok(Append { kv, open: true })
+    }
+
+    /// [`KvRestore::write_stored`].
+    pub fn write_stored(
+        &mut self,
+        layer: usize,
+        k: KvRows<'_>,
+        v: KvRows<'_>,
+    ) -> Result<(), KvError> {
+        self.kv.write_stored(layer, k, v)
     }
 }
 
@@ -686,7 +740,7 @@ impl<K: KvStore + ?Sized> fmt::Debug for Append<'_, K> {
 /// the same calls with the same errors: no append open ([`KvError::AppendOpen`]),
 /// `at ≤ len` ([`KvError::StartPastEnd`]), `at + n ≤ max_ctx`
 /// ([`KvError::ContextOverflow`] naming the highest position needed). Returns `at + n`.
-pub fn check_begin(
+pub(crate) fn check_begin(
     open: bool,
     len: usize,
     max_ctx: usize,
@@ -711,7 +765,7 @@ pub fn check_begin(
 /// The check every store's [`KvStore::commit`] makes: an append of `n > 0` positions
 /// whose layer `l` was not written (`written[l]` false) is [`KvError::Incomplete`]
 /// naming the first such layer.
-pub fn check_complete(n: usize, written: &[bool]) -> Result<(), KvError> {
+pub(crate) fn check_complete(n: usize, written: &[bool]) -> Result<(), KvError> {
     match written.iter().position(|w| !w) {
         Some(layer) if n > 0 => Err(KvError::Incomplete { layer }),
         _ => Ok(()),
@@ -720,7 +774,7 @@ pub fn check_complete(n: usize, written: &[bool]) -> Result<(), KvError> {
 
 /// The shape check of [`KvStore::write`]: `k` and `v` are `[n, kv_dim]`
 /// ([`KvError::RowShape`], keys first).
-pub fn check_rows(
+pub(crate) fn check_rows(
     n: usize,
     kv_dim: usize,
     k: &ArrayView2<'_, f32>,
@@ -738,10 +792,10 @@ pub fn check_rows(
     Ok(())
 }
 
-/// The checks of [`KvStore::write_stored`]: `k` and `v` are `[n, n_kv_heads, head_dim]`
+/// The checks of [`KvRestore::write_stored`]: `k` and `v` are `[n, n_kv_heads, head_dim]`
 /// ([`KvError::RowShape`]) of the store's types `types` ([`KvError::RowType`]), keys
 /// first.
-pub fn check_stored(
+pub(crate) fn check_stored(
     n: usize,
     geometry: &KvGeometry,
     types: (KvType, KvType),

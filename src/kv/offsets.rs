@@ -32,7 +32,7 @@
 //!
 //! Whatever `m` is, the result is exact up to the quantisation: `m` only decides how much
 //! the quantiser has left to do. A model computes its `m` once from a calibration text
-//! ([`Llama::key_offsets`](crate::model::Llama::key_offsets)); a store given offsets
+//! ([`Llama::key_codec`](crate::model::Llama::key_codec), through [`KvCodec::for_keys`](crate::kv::KvCodec::for_keys)); a store given offsets
 //! ([`GrowKv::with_key_offsets`](crate::kv::GrowKv::with_key_offsets) and the others)
 //! uses them for every key it encodes, its views hand them to attention
 //! ([`KvView::key_offset`](crate::kv::KvView::key_offset)), and state files record `m`.
@@ -40,7 +40,8 @@
 
 use std::fmt;
 
-use super::{KvError, KvGeometry, KvStore, KvType, hadamard, rotation_len};
+use super::codec::{hadamard, rotation_len};
+use super::{KvError, KvGeometry, KvStore, KvType};
 use crate::backend::{Rope, RopeStyle};
 
 /// Positions per block of one key offset: a multiple of every backend's attention part
@@ -462,7 +463,7 @@ mod store_tests {
             let want = bytes(stores[0].as_ref(), layer);
             assert_eq!(want.len(), 450 * 2 * 34);
             for kv in stores.iter().chain(&forks) {
-                assert_eq!(kv.key_offsets().map(|x| x.means()), Some(o.means()));
+                assert_eq!(kv.codecs().0.calibration(), o.means());
                 assert_eq!(bytes(kv.as_ref(), layer), want, "layer {layer}");
                 let view = kv.view(layer).unwrap();
                 assert_eq!(view.key_offset(257, 1), o.rotated(layer, 257, 1));
@@ -470,7 +471,7 @@ mod store_tests {
             // Without offsets the stored keys differ (the offsets are not zero).
             assert_ne!(bytes(plain.as_ref(), layer), want);
             assert!(
-                plain.key_offsets().is_none()
+                plain.codecs().0.calibration().is_empty()
                     && plain.view(layer).unwrap().key_offset(0, 0).is_none()
             );
         }

@@ -80,8 +80,8 @@ use sha2::{Digest, Sha256};
 use super::elem::{Buf, KeyShift};
 use super::rows::checked_size;
 use super::{
-    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
-    check_begin, check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
+    KvStore, KvType, KvView, check_begin, check_complete, check_rows, check_stored,
 };
 
 /// A chained block hash (see the header of `src/kv/paged.rs`).
@@ -292,7 +292,7 @@ impl KvPool {
 
     /// The same new pool keeping every sequence's `q8_0` keys less `offsets`
     /// (`kv/offsets.rs`; a model's come from
-    /// [`Llama::key_offsets`](crate::model::Llama::key_offsets)); its sequences' `max_ctx`
+    /// [`Llama::key_codec`](crate::model::Llama::key_codec)); its sequences' `max_ctx`
     /// is then at most the positions the offsets cover.
     ///
     /// # Errors
@@ -307,6 +307,19 @@ impl KvPool {
         offsets.check_store(shared.geometry, offsets.max_ctx(), shared.types.0)?;
         shared.key_offsets = Some(offsets);
         Ok(self)
+    }
+
+    /// The same new pool with keys of `codec` (its calibration, if any).
+    ///
+    /// # Errors
+    /// [`KvError::RowType`] when the codec's type is not the keys', and as
+    /// [`with_key_offsets`](Self::with_key_offsets).
+    pub fn with_key_codec(self, codec: &KvCodec) -> Result<KvPool, KvError> {
+        super::codec::check_key_codec(codec, self.shared.types.0)?;
+        match codec.key_offsets() {
+            Some(o) => self.with_key_offsets(o.clone()),
+            None => Ok(self),
+        }
     }
 
     /// An empty sequence of at most `max_ctx` positions drawing blocks from this pool.
@@ -680,8 +693,14 @@ impl KvStore for PagedKv {
         self.pool.shared.geometry
     }
 
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.pool.shared.key_offsets.as_ref()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        let s = &self.pool.shared;
+        let k = match &s.key_offsets {
+            Some(o) => KvCodec::with_key_offsets(s.types.0, o.clone())
+                .expect("offsets were set on q8_0 keys only"),
+            None => KvCodec::new(s.types.0),
+        };
+        (k, KvCodec::new(s.types.1))
     }
 
     fn kv_types(&self) -> (KvType, KvType) {
@@ -817,17 +836,6 @@ impl KvStore for PagedKv {
         Ok(())
     }
 
-    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
-        let (_, n) = self.open_append(layer)?;
-        let s = &self.pool.shared;
-        check_stored(n, &s.geometry, s.types, &k, &v)?;
-        self.write_runs(layer, |block, row, t0, t1| {
-            block.k.assign(row, k.slots(t0..t1));
-            block.v.assign(row, v.slots(t0..t1));
-        });
-        Ok(())
-    }
-
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
         check_complete(p.n, &p.written)?;
@@ -881,6 +889,23 @@ impl KvStore for PagedKv {
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         Ok(Box::new(self.fork()?))
+    }
+
+    fn restorer(&mut self) -> Option<&mut dyn KvRestore> {
+        Some(self)
+    }
+}
+
+impl KvRestore for PagedKv {
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        let (_, n) = self.open_append(layer)?;
+        let s = &self.pool.shared;
+        check_stored(n, &s.geometry, s.types, &k, &v)?;
+        self.write_runs(layer, |block, row, t0, t1| {
+            block.k.assign(row, k.slots(t0..t1));
+            block.v.assign(row, v.slots(t0..t1));
+        });
+        Ok(())
     }
 }
 

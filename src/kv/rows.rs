@@ -27,7 +27,7 @@ use ndarray::ArrayView2;
 
 use super::elem::{Buf, KeyShift};
 use super::{
-    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView,
+    AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView,
     check_begin, check_complete, check_rows, check_stored,
 };
 
@@ -117,8 +117,15 @@ impl Rows {
         self.key_offsets = Some((offsets, layers));
     }
 
-    pub(super) fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.key_offsets.as_ref().map(|(o, _)| o)
+    pub(super) fn codecs(&self) -> (KvCodec, KvCodec) {
+        let (k, v) = self.kv_types();
+        let k = match &self.key_offsets {
+            Some((o, _)) => {
+                KvCodec::with_key_offsets(k, o.clone()).expect("offsets were set on q8_0 keys only")
+            }
+            None => KvCodec::new(k),
+        };
+        (k, KvCodec::new(v))
     }
 
     pub(super) fn set_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
@@ -419,7 +426,8 @@ impl fmt::Debug for Rows {
     }
 }
 
-/// Implements [`KvStore`](super::KvStore) for a newtype over [`Rows`] by forwarding.
+/// Implements [`KvStore`](super::KvStore) and [`KvRestore`](super::KvRestore) for a
+/// newtype over [`Rows`] by forwarding.
 macro_rules! forward_store {
     ($store:ty) => {
         impl $crate::kv::KvStore for $store {
@@ -455,14 +463,6 @@ macro_rules! forward_store {
             ) -> Result<(), $crate::kv::KvError> {
                 self.0.write(layer, k, v)
             }
-            fn write_stored(
-                &mut self,
-                layer: usize,
-                k: $crate::kv::KvRows<'_>,
-                v: $crate::kv::KvRows<'_>,
-            ) -> Result<(), $crate::kv::KvError> {
-                self.0.write_stored(layer, k, v)
-            }
             fn commit(&mut self) -> Result<(), $crate::kv::KvError> {
                 self.0.commit()
             }
@@ -479,15 +479,29 @@ macro_rules! forward_store {
             fn fork_boxed(&self) -> Result<Box<dyn $crate::kv::KvStore>, $crate::kv::KvError> {
                 Ok(Box::new(Self(self.0.fork()?)))
             }
-            fn key_offsets(&self) -> Option<&std::sync::Arc<$crate::kv::KeyOffsets>> {
-                self.0.key_offsets()
+            fn codecs(&self) -> ($crate::kv::KvCodec, $crate::kv::KvCodec) {
+                self.0.codecs()
+            }
+            fn restorer(&mut self) -> Option<&mut dyn $crate::kv::KvRestore> {
+                Some(self)
+            }
+        }
+
+        impl $crate::kv::KvRestore for $store {
+            fn write_stored(
+                &mut self,
+                layer: usize,
+                k: $crate::kv::KvRows<'_>,
+                v: $crate::kv::KvRows<'_>,
+            ) -> Result<(), $crate::kv::KvError> {
+                self.0.write_stored(layer, k, v)
             }
         }
 
         impl $store {
             /// The same empty store keeping its `q8_0` keys less `offsets`
             /// (`kv/offsets.rs`; a model's come from
-            /// [`Llama::key_offsets`](crate::model::Llama::key_offsets)).
+            /// [`Llama::key_codec`](crate::model::Llama::key_codec)).
             ///
             /// # Errors
             /// [`KvError::KeyOffsets`](crate::kv::KvError::KeyOffsets) when the store holds
@@ -507,6 +521,24 @@ macro_rules! forward_store {
                 let layers = (0..self.geometry().n_layers).collect();
                 self.0.set_key_offsets(offsets, layers);
                 Ok(self)
+            }
+
+            /// The same empty store with keys of `codec` (its calibration, if any).
+            ///
+            /// # Errors
+            /// [`KvError::RowType`](crate::kv::KvError::RowType) when the codec's type
+            /// is not the keys', and as
+            /// [`with_key_offsets`](Self::with_key_offsets).
+            pub fn with_key_codec(
+                self,
+                codec: &$crate::kv::KvCodec,
+            ) -> Result<Self, $crate::kv::KvError> {
+                use $crate::kv::KvStore;
+                $crate::kv::codec::check_key_codec(codec, self.kv_types().0)?;
+                match codec.key_offsets() {
+                    Some(o) => self.with_key_offsets(o.clone()),
+                    None => Ok(self),
+                }
             }
         }
     };

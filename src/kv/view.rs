@@ -311,7 +311,10 @@ impl<'a> KvView<'a> {
         layer: usize,
     ) -> Result<Self, KvError> {
         let g = offsets.geometry();
-        let reason = if self.kv_types().is_some_and(|t| t.0 != KvType::Q8_0) {
+        let reason = if self
+            .kv_types()
+            .is_some_and(|t| !super::KvCodec::calibrates(t.0))
+        {
             "key offsets need q8_0 keys"
         } else if (self.n_kv_heads, self.head_dim) != (g.n_kv_heads, g.head_dim) {
             "the offsets' heads are not the view's"
@@ -324,6 +327,17 @@ impl<'a> KvView<'a> {
             return Ok(self);
         };
         Err(KvError::KeyOffsets { reason })
+    }
+
+    /// Whether attention must rotate its queries (the keys' codec rotates heads) and its
+    /// outputs (the values' codec does): [`KvCodec::rotated`](super::KvCodec::rotated)
+    /// of each; `(false, false)` for a view without segments.
+    pub fn rotations(&self) -> (bool, bool) {
+        let (k, v) = self.kv_types().unwrap_or((KvType::F32, KvType::F32));
+        (
+            super::KvCodec::new(k).rotated(),
+            super::KvCodec::new(v).rotated(),
+        )
     }
 
     /// Whether the keys are stored less key offsets ([`with_key_offsets`](Self::with_key_offsets)).

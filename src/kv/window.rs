@@ -50,7 +50,6 @@
 //! re-prefills from position 0.
 
 use std::fmt;
-use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use ndarray::ArrayView2;
@@ -58,8 +57,8 @@ use ndarray::ArrayView2;
 use super::elem::{Buf, KeyShift};
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
-    AllocGate, Gate, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
-    check_begin, check_complete, check_rows, check_stored,
+    AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
+    KvStore, KvType, KvView, check_begin, check_complete, check_rows, check_stored, restore_starts,
 };
 
 /// The sliding-window KV store: global layers grow on demand as in
@@ -134,7 +133,7 @@ struct Ring {
 struct Pending {
     at: usize,
     n: usize,
-    /// A restore ([`KvStore::begin_restore`]): window layers are given rows `start .. n`.
+    /// A restore ([`KvRestore::begin_restore`]): window layers are given rows `start .. n`.
     restore: bool,
     /// `[n_layers]`: whether the layer's rows have been written.
     written: Vec<bool>,
@@ -270,7 +269,7 @@ impl WindowKv {
     }
 
     /// The same empty store keeping its `q8_0` keys less `offsets` (`kv/offsets.rs`; a
-    /// model's come from [`Llama::key_offsets`](crate::model::Llama::key_offsets)).
+    /// model's come from [`Llama::key_codec`](crate::model::Llama::key_codec)).
     ///
     /// # Errors
     /// [`KvError::KeyOffsets`] when the store holds positions, its keys are not `q8_0`,
@@ -289,6 +288,19 @@ impl WindowKv {
         self.global.set_key_offsets(offsets.clone(), layers);
         self.key_offsets = Some(offsets);
         Ok(self)
+    }
+
+    /// The same empty store with keys of `codec` (its calibration, if any).
+    ///
+    /// # Errors
+    /// [`KvError::RowType`] when the codec's type is not the keys', and as
+    /// [`with_key_offsets`](Self::with_key_offsets).
+    pub fn with_key_codec(self, codec: &KvCodec) -> Result<Self, KvError> {
+        super::codec::check_key_codec(codec, self.types.0)?;
+        match codec.key_offsets() {
+            Some(o) => self.with_key_offsets(o.clone()),
+            None => Ok(self),
+        }
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -458,7 +470,7 @@ impl WindowKv {
         }
     }
 
-    /// [`KvStore::write`] and [`KvStore::write_stored`]: a global layer's rows go to the
+    /// [`KvStore::write`] and [`KvRestore::write_stored`]: a global layer's rows go to the
     /// inner store, a window layer's to its staging.
     fn write_rows(&mut self, layer: usize, rows: Incoming<'_, '_>) -> Result<(), KvError> {
         if self.pending.is_none() {
@@ -491,7 +503,7 @@ impl WindowKv {
         let rows = if p.restore {
             // A restore gives rows `start .. n` for a start the window allows; any other
             // count is refused as a shape error naming the most rows allowed.
-            let starts = restore_range(p.n, window);
+            let starts = restore_starts(Some(window), p.n);
             let allowed = p.n - starts.end()..=p.n - starts.start();
             if allowed.contains(&rows_in.len()) {
                 rows_in.len()
@@ -545,15 +557,6 @@ impl Incoming<'_, '_> {
             Incoming::Stored(k, _) => k.len(),
         }
     }
-}
-
-/// The first positions a restore of `n` positions may give a window layer of `window`:
-/// from `n − min(n, w)` (the last `w` positions, what the ring retains after an append)
-/// to `n + 1 − w` (the `w − 1` positions a query at `n` sees, what remains after the last
-/// position was truncated).
-fn restore_range(n: usize, window: usize) -> RangeInclusive<usize> {
-    let first = n - n.min(window);
-    first..=(n + 1).saturating_sub(window).max(first)
 }
 
 impl KvStore for WindowKv {
@@ -628,10 +631,6 @@ impl KvStore for WindowKv {
         self.write_rows(layer, Incoming::F32(k, v))
     }
 
-    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
-        self.write_rows(layer, Incoming::Stored(k, v))
-    }
-
     fn commit(&mut self) -> Result<(), KvError> {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
         check_complete(p.n, &p.written)?;
@@ -689,17 +688,6 @@ impl KvStore for WindowKv {
         self.windows.get(layer).copied().flatten()
     }
 
-    fn restore_starts(&self, layer: usize, n: usize) -> RangeInclusive<usize> {
-        match self.window(layer) {
-            Some(w) => restore_range(n, w),
-            None => 0..=0,
-        }
-    }
-
-    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
-        self.open(0, n, true)
-    }
-
     fn fork(&self) -> Result<Self, KvError> {
         if self.pending.is_some() || self.global.is_open() {
             return Err(KvError::AppendOpen);
@@ -730,12 +718,26 @@ impl KvStore for WindowKv {
         })
     }
 
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.key_offsets.as_ref()
+    fn codecs(&self) -> (KvCodec, KvCodec) {
+        self.global.codecs()
     }
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
         Ok(Box::new(self.fork()?))
+    }
+
+    fn restorer(&mut self) -> Option<&mut dyn KvRestore> {
+        Some(self)
+    }
+}
+
+impl KvRestore for WindowKv {
+    fn write_stored(&mut self, layer: usize, k: KvRows<'_>, v: KvRows<'_>) -> Result<(), KvError> {
+        self.write_rows(layer, Incoming::Stored(k, v))
+    }
+
+    fn begin_restore(&mut self, n: usize) -> Result<(), KvError> {
+        self.open(0, n, true)
     }
 }
 
@@ -1049,9 +1051,9 @@ mod tests {
     fn a_restore_takes_only_the_retained_rows() {
         let mut kv = WindowKv::new(geometry(2, 2), 1000, &[Some(5), None]).unwrap();
         append(&mut kv, 0, 3).unwrap();
-        assert_eq!(kv.restore_starts(0, 20), 15..=16);
-        assert_eq!(kv.restore_starts(0, 3), 0..=0);
-        assert_eq!(kv.restore_starts(1, 20), 0..=0);
+        assert_eq!(restore_starts(kv.window(0), 20), 15..=16);
+        assert_eq!(restore_starts(kv.window(0), 3), 0..=0);
+        assert_eq!(restore_starts(kv.window(1), 20), 0..=0);
         kv.begin_restore(20).unwrap();
         let wrong = rows(0, 0, 20, 2, false);
         assert!(matches!(

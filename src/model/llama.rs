@@ -49,10 +49,10 @@
 use super::{FfnActivation, LlamaConfig, ModelError};
 use crate::backend::{AttnJob, AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
 use crate::gguf::GgufFile;
-use crate::kv::{Append, GrowKv, KeyOffsets, KvError, KvGeometry, KvStore, KvType, WindowKv};
+use crate::kv::{Append, GrowKv, KvCodec, KvError, KvGeometry, KvStore, KvType, WindowKv};
 use ndarray::{Array2, Axis, s};
 use std::ops::Range;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Which rows of logits a forward pass computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,15 +159,14 @@ pub struct Llama<B: Backend> {
     output: MatRef,        // [vocab, d_model]
     blocks: Vec<Block>,
     activations: Activations,
-    /// The pre-RoPE mean keys of [`key_offsets`](Self::key_offsets), calibrated on first
-    /// use.
-    key_means: OnceLock<Vec<f32>>,
-    /// The last key offsets built, shared by the stores that fit them.
-    key_offsets: Mutex<Option<Arc<KeyOffsets>>>,
+    /// The key codecs built so far, one per key type, shared by the stores that fit them
+    /// ([`key_codec`](Self::key_codec)).
+    key_codecs: Mutex<Vec<KvCodec>>,
 }
 
-/// The text [`Llama::key_offsets`] calibrates the mean keys on (plain English prose,
-/// written for kvcore; any ordinary text serves, `kv/offsets.rs`).
+/// The text a key codec that calibrates sees this model run on
+/// ([`Llama::key_codec`]; plain English prose, written for kvcore; any ordinary text
+/// serves, `kv/offsets.rs`).
 const CALIBRATION_TEXT: &str = "The old harbour town wakes slowly. Before the sun clears \
 the hills, the fishing boats are already coming back, their engines low, gulls circling \
 the nets that hang from the masts. On the quay a baker sets out bread still warm from the \
@@ -185,10 +184,6 @@ sails around the world. Later, when the tide turns, the boats will go out again,
 town will settle into the quiet of the afternoon, waiting for the evening, when the \
 lamps along the harbour wall are lit one by one and the cafes fill with people who have \
 nowhere in particular to be.";
-
-/// Positions of the calibration text left out of the mean keys: the first token's key
-/// is an outlier (an attention sink) in most models.
-const CALIBRATION_SKIP: usize = 1;
 
 impl<B: Backend> Llama<B> {
     /// Binds the tensors of a GGUF file of a supported architecture, checking every shape
@@ -270,8 +265,7 @@ impl<B: Backend> Llama<B> {
             output,
             blocks,
             activations: Activations::F32,
-            key_means: OnceLock::new(),
-            key_offsets: Mutex::new(None),
+            key_codecs: Mutex::new(Vec::new()),
         })
     }
 
@@ -332,8 +326,9 @@ impl<B: Backend> Llama<B> {
     }
 
     /// [`new_kv`](Self::new_kv) keeping K rows in `types.0` and V rows in `types.1`
-    /// (`kv/elem.rs` states each type's encoding; attention reads them in place).
-    /// `q8_0` keys are kept less this model's [`key_offsets`](Self::key_offsets).
+    /// (`kv/elem.rs` states each type's encoding; attention reads them in place), the
+    /// keys with this model's [`key_codec`](Self::key_codec) (its calibration, if the
+    /// type has one).
     ///
     /// Errors: as [`new_kv`](Self::new_kv), [`KvError::BlockShape`] when a type's blocks
     /// do not divide the head size, and the calibration's errors.
@@ -347,22 +342,11 @@ impl<B: Backend> Llama<B> {
         // The types' own check (blocks within a head) before any calibration.
         types.0.check_head_dim(g.head_dim)?;
         types.1.check_head_dim(g.head_dim)?;
-        let offsets = match types.0 {
-            KvType::Q8_0 => Some(self.key_offsets(max_ctx)?),
-            _ => None,
-        };
+        let keys = self.key_codec(types.0, max_ctx)?;
         Ok(if windows.iter().all(Option::is_none) {
-            let kv = GrowKv::with_types(g, max_ctx, types)?;
-            match offsets {
-                Some(o) => Box::new(kv.with_key_offsets(o)?),
-                None => Box::new(kv),
-            }
+            Box::new(GrowKv::with_types(g, max_ctx, types)?.with_key_codec(&keys)?)
         } else {
-            let kv = WindowKv::with_types(g, max_ctx, &windows, types)?;
-            match offsets {
-                Some(o) => Box::new(kv.with_key_offsets(o)?),
-                None => Box::new(kv),
-            }
+            Box::new(WindowKv::with_types(g, max_ctx, &windows, types)?.with_key_codec(&keys)?)
         })
     }
 
@@ -376,39 +360,34 @@ impl<B: Backend> Llama<B> {
             .collect()
     }
 
-    /// The key offsets this model's `q8_0` key stores keep their keys less of
-    /// (`kv/offsets.rs`), covering at least `max_ctx` positions: the mean pre-RoPE key
-    /// of each layer and KV head over a short calibration text (run once per model, on
-    /// first use, through this model's own forward pass with f32 keys), turned to each
-    /// block of positions. The same model gives the same offsets; stores and pools that
-    /// share them share prefix blocks and state files.
+    /// The codec of keys of `kv_type` for this model's stores of up to `max_ctx`
+    /// positions ([`KvCodec::for_keys`]): a type that calibrates sees this model run
+    /// once on a short text (on first use, through its own forward pass with f32 keys)
+    /// and keeps its keys less what it derives from them. The same model gives the same
+    /// codec; stores and pools that share it share prefix blocks and state files.
     ///
     /// Errors: the calibration pass's (a refused allocation, a kernel's shape error).
-    pub fn key_offsets(&self, max_ctx: usize) -> Result<Arc<KeyOffsets>, ModelError> {
-        let means = match self.key_means.get() {
-            Some(m) => m,
-            None => {
-                let m = self.calibrate_keys()?;
-                self.key_means.get_or_init(|| m)
-            }
-        };
+    pub fn key_codec(&self, kv_type: KvType, max_ctx: usize) -> Result<KvCodec, ModelError> {
         let mut cache = self
-            .key_offsets
+            .key_codecs
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(o) = cache.as_ref().filter(|o| o.max_ctx() >= max_ctx) {
-            return Ok(o.clone());
+        if let Some(c) = cache.iter_mut().find(|c| c.kv_type() == kv_type) {
+            *c = c.covering(max_ctx)?;
+            return Ok(c.clone());
         }
-        let o = KeyOffsets::new(self.kv_geometry(), means.clone(), self.ropes(), max_ctx)?;
-        let o = Arc::new(o);
-        *cache = Some(o.clone());
-        Ok(o)
+        let g = self.kv_geometry();
+        let codec = KvCodec::for_keys(kv_type, g, &self.ropes(), max_ctx, || {
+            self.calibration_keys()
+        })?;
+        cache.push(codec.clone());
+        Ok(codec)
     }
 
-    /// The calibration of [`key_offsets`](Self::key_offsets): [`CALIBRATION_TEXT`] through
-    /// the model (its tokenizer's ids; a file without one reads the text's bytes as ids
-    /// modulo the vocabulary), the mean pre-RoPE keys of its positions after the first.
-    fn calibrate_keys(&self) -> Result<Vec<f32>, ModelError> {
+    /// The calibration pass a key codec asks for: [`CALIBRATION_TEXT`] through the model
+    /// (its tokenizer's ids; a file without one reads the text's bytes as ids modulo the
+    /// vocabulary), returning the f32 store of its keys.
+    fn calibration_keys(&self) -> Result<GrowKv, ModelError> {
         let vocab = self.config.vocab_size.max(1);
         let ids: Vec<u32> = match crate::tokenizer::Tokenizer::from_gguf(&self.file) {
             Ok(t) => t.encode(CALIBRATION_TEXT, crate::tokenizer::Special::Literal),
@@ -419,7 +398,7 @@ impl<B: Backend> Llama<B> {
         let ids = &ids[..ids.len().min(self.config.context_len.max(2))];
         let mut kv = GrowKv::new(self.kv_geometry(), ids.len())?;
         self.forward(&mut kv, ids, Logits::None)?;
-        Ok(KeyOffsets::calibrate(&kv, &self.ropes(), CALIBRATION_SKIP)?)
+        Ok(kv)
     }
 
     fn weights(&self, m: MatRef) -> Weights<'_> {

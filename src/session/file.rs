@@ -25,14 +25,14 @@
 //! a layer that keeps every position has `window = 0, start = 0`; a window layer of `w`
 //! ([`WindowKv`](crate::kv::WindowKv)) only its retained positions, the last `min(n, w)`
 //! (or `w − 1` after its last position was truncated), the starts
-//! [`KvStore::restore_starts`] allows. The windows must be the target store's
+//! [`restore_starts`] allows. The windows must be the target store's
 //! ([`SessionError::WindowMismatch`]), so a windowed file never loads into a dense store
 //! or one of other windows, nor the other way round. `n_rows` makes the exact length
 //! follow from the header, up to the key-offsets section: a file is either that long
 //! (`n_means = 0`) or, with q8_0 keys, longer by exactly `4 · n_layers · kv_dim`.
 //!
 //! The key-offsets section records what a `q8_0` key store keeps its keys less of
-//! ([`KvStore::key_offsets`], `kv/offsets.rs`): its stored key rows mean something only
+//! (its key codec's calibration, [`KvCodec::calibration`], `kv/offsets.rs`): its stored key rows mean something only
 //! together with those offsets, so a file loads only into a store with the same offsets,
 //! bit for bit, or into one without offsets when it has none
 //! ([`SessionError::KeyOffsetsMismatch`]).
@@ -84,7 +84,8 @@ use thiserror::Error;
 use super::Session;
 use crate::backend::Backend;
 use crate::kv::{
-    Append, BlockQ8_0, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, Q8_0_BLOCK,
+    Append, BlockQ8_0, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore, KvType,
+    Q8_0_BLOCK, restore_starts,
 };
 use crate::model::Llama;
 
@@ -237,7 +238,7 @@ pub enum SessionError {
     /// A layer whose positions are not the ones the store's layer keeps for `n_tokens`
     /// positions: `start .. n_tokens` for a `start` in `first ..= last` (`0 ..= 0` for a
     /// layer that keeps every position; for a sliding window of `w`, the last `w` or
-    /// `w − 1` positions, [`KvStore::restore_starts`]).
+    /// `w − 1` positions, [`restore_starts`]).
     #[error(
         "session layer {layer} holds positions {start}..{start}+{count}, expected start..{n_tokens} with start in {first}..={last}"
     )]
@@ -294,7 +295,7 @@ pub enum SessionError {
         expected: u64,
     },
     /// The file's q8_0 keys were stored less other key offsets than the target store
-    /// keeps its keys less of ([`KvStore::key_offsets`]): the rows would decode to other
+    /// keeps its keys less of ([`KvCodec::calibration`]): the rows would decode to other
     /// keys. Both must have none, or both the same means bit for bit.
     #[error("session file does not match the store's key offsets: {}", offsets_mismatch(*file, *store))]
     KeyOffsetsMismatch {
@@ -542,8 +543,8 @@ impl Header {
             .ok_or(overflow("meta_len"))?
             .checked_add(layer_bytes)
             .ok_or(overflow("n_tokens"))?;
-        // Key offsets exist only for q8_0 keys (`KeyOffsets` refuses other stores).
-        let n_means = if offsets && self.types.0 == KvType::Q8_0 {
+        // Only keys whose codec calibrates carry a calibration.
+        let n_means = if offsets && KvCodec::calibrates(self.types.0) {
             (kv_dim as u64).checked_mul(u64::from(n_layers))
         } else {
             Some(0)
@@ -818,14 +819,14 @@ impl<W: Write> Sink<W> {
 
 /// The positions `start .. n_tokens` layer `layer`'s view holds, checked: consecutive
 /// segments ending at `n_tokens` from a start the store would accept back
-/// ([`KvStore::restore_starts`]). Returns `(start, count)`.
+/// ([`restore_starts`] of its window). Returns `(start, count)`.
 fn span<K: KvStore + ?Sized>(
     kv: &K,
     layer: usize,
     segments: &[KvSegment<'_>],
     n_tokens: usize,
 ) -> Result<(usize, usize), SessionError> {
-    let starts = kv.restore_starts(layer, n_tokens);
+    let starts = restore_starts(kv.window(layer), n_tokens);
     let count: usize = segments.iter().map(|s| s.len()).sum();
     let start = segments
         .first()
@@ -940,21 +941,19 @@ impl<K: KvStore> Session<K> {
             spans.push(span(&self.kv, layer, view.segments(), n)?);
         }
         let types = self.kv.kv_types();
-        let means: &[f32] = match self.kv.key_offsets() {
-            None => &[],
-            Some(o) => {
-                // Offsets exist only for q8_0 keys of the store's geometry (`KeyOffsets`
-                // checks both); a store that says otherwise could not be read back.
-                if types.0 != KvType::Q8_0
-                    || o.means().len() != geometry.n_layers.saturating_mul(geometry.kv_dim())
-                {
-                    return Err(SessionError::Kv(KvError::KeyOffsets {
-                        reason: "the store's key offsets do not fit its geometry and q8_0 keys",
-                    }));
-                }
-                o.means()
-            }
-        };
+        let (keys, _) = self.kv.codecs();
+        let means = keys.calibration();
+        // A calibration is one value per layer and key element, of a key type that
+        // calibrates; a store that says otherwise could not be read back.
+        if !means.is_empty()
+            && (!KvCodec::calibrates(types.0)
+                || keys.kv_type() != types.0
+                || means.len() != geometry.n_layers.saturating_mul(geometry.kv_dim()))
+        {
+            return Err(SessionError::Kv(KvError::KeyOffsets {
+                reason: "the store's key calibration does not fit its geometry and key type",
+            }));
+        }
         let header = Header {
             version: VERSION,
             n_rows: spans.iter().map(|&(_, count)| count as u64).sum(),
@@ -996,7 +995,11 @@ impl<K: KvStore> Session<K> {
         }
         sink.finish().map_err(io)
     }
+}
 
+/// Loading needs a store that takes stored rows ([`KvRestore`]; a `Box<dyn KvStore>`
+/// through its [`restorer`](KvStore::restorer)).
+impl<K: KvRestore> Session<K> {
     /// Replaces the session's ids and rows with those of the file at `path` and returns
     /// the application's blob. See [`restore_with`](Self::restore_with).
     pub fn restore<B: Backend>(
@@ -1076,7 +1079,7 @@ impl<K: KvStore> Session<K> {
             });
         }
         let n = layout.n_tokens;
-        let store_offsets = self.kv.key_offsets().cloned();
+        let store_means = self.kv.codecs().0.calibration().to_vec();
         let mut tx = Append::begin_restore(&mut self.kv, n)?;
 
         let mut tokens = vec![0u32; n];
@@ -1125,11 +1128,11 @@ impl<K: KvStore> Session<K> {
         }
         let mismatch = SessionError::KeyOffsetsMismatch {
             file: n_means != 0,
-            store: store_offsets.is_some(),
+            store: !store_means.is_empty(),
         };
-        match &store_offsets {
-            None if n_means == 0 => {}
-            Some(offsets) if n_means != 0 => {
+        match store_means.is_empty() {
+            true if n_means == 0 => {}
+            false if n_means != 0 => {
                 // n_means = n_layers · kv_dim here, within the file's checked length.
                 let mut means = vec![0f32; layout.n_means];
                 src.units(&mut means, |x| {
@@ -1137,7 +1140,7 @@ impl<K: KvStore> Session<K> {
                 })?;
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
                 // Bit for bit: the rows were encoded against exactly these means.
-                if bits(&means) != bits(offsets.means()) {
+                if bits(&means) != bits(&store_means) {
                     return Err(mismatch);
                 }
             }
@@ -1159,7 +1162,7 @@ impl<K: KvStore> Session<K> {
             if file != store.map(|w| w as u64) {
                 return Err(SessionError::WindowMismatch { layer, file, store });
             }
-            let starts = tx.restore_starts(layer, n);
+            let starts = restore_starts(store, n);
             let (first, last) = (*starts.start() as u64, *starts.end() as u64);
             if start.checked_add(count) != Some(n as u64) || start < first || start > last {
                 return Err(SessionError::LayerPositions {

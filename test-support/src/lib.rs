@@ -3,7 +3,8 @@
 //!
 //! - [`kv_diff`]: the differential checker of the KV stores ([`kv_diff::SpecKv`], the
 //!   specification store, and [`kv_diff::run`]), for the property tests and the
-//!   `kv_growth` and `kv_window` fuzz targets, and for anyone writing a store of their own;
+//!   `kv_growth` and `kv_window` fuzz targets; and the store conformance suite, which
+//!   any store, kvcore's or not, runs with one [`kv_store_suite!`] invocation;
 //! - [`pool_diff`]: the differential checker of the paged KV pool (many sequences, forks,
 //!   the prefix cache, the budget) against one dense store per sequence, with the pool's
 //!   books audited, for the property tests and the `kv_pool` fuzz target;

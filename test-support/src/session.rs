@@ -5,7 +5,7 @@
 
 use kvcore::kv::KvRows;
 use kvcore::model::Llama;
-use kvcore::{Backend, KvStore, Session, SessionError};
+use kvcore::{Backend, KvRestore, KvStore, Session, SessionError};
 use sha2::{Digest, Sha256};
 
 /// Bytes of the trailing checksum of a session file.
@@ -42,7 +42,7 @@ pub fn to_bytes<B: Backend, K: KvStore>(s: &Session<K>, model: &Llama<B>, meta: 
 
 /// Restores `bytes` into `target` (the blob accepted as it is), asserting that it fails
 /// and leaves the session exactly as it was ([`snapshot`]); returns the error.
-pub fn fails<B: Backend, K: KvStore>(
+pub fn fails<B: Backend, K: KvRestore>(
     model: &Llama<B>,
     target: &mut Session<K>,
     bytes: &[u8],

@@ -12,7 +12,7 @@
 //! q8_0 keys are kept less the model's key offsets (`kv/offsets.rs`: the mean key of
 //! each layer and head, turned by RoPE to each block of 256 positions), which the model
 //! calibrates on its own short text, not this one. Measured: plain llama.cpp-style q8_0
-//! keys 8.7e-4; each head rotated before quantising (`kv::hadamard`) 2.7e-4; the
+//! keys 8.7e-4; each head rotated before quantising (`kv::codec::hadamard`) 2.7e-4; the
 //! quants rounded against the stored f16 scale 2.0e-4 (with the offsets, before their
 //! shrinking of fast pairs); with the key offsets as they are now 1.5e-4.
 

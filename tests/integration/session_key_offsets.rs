@@ -45,7 +45,7 @@ fn prompt(model: &Llama<Simd>, n: usize) -> Vec<u32> {
 fn with_offsets(model: &Llama<Simd>, ctx: usize) -> Session<Box<dyn KvStore>> {
     let s = Session::new(model.new_kv_with_types(ctx, Q8).unwrap());
     assert!(
-        s.kv().key_offsets().is_some(),
+        !s.kv().codecs().0.calibration().is_empty(),
         "the model's q8_0 store has offsets"
     );
     s
@@ -54,7 +54,7 @@ fn with_offsets(model: &Llama<Simd>, ctx: usize) -> Session<Box<dyn KvStore>> {
 /// A q8_0/q8_0 session on a store without key offsets.
 fn without_offsets(model: &Llama<Simd>) -> Session<GrowKv> {
     let s = Session::new(GrowKv::with_types(model.kv_geometry(), CTX, Q8).unwrap());
-    assert!(s.kv().key_offsets().is_none());
+    assert!(s.kv().codecs().0.calibration().is_empty());
     s
 }
 
@@ -119,7 +119,7 @@ fn q8_session_with_key_offsets_round_trips_bitwise() {
     let bytes = std::fs::read(&file.0).unwrap();
 
     // The documented layout: version 3, the store's means after the blob.
-    let offsets = never.kv().key_offsets().unwrap().clone();
+    let keys = never.kv().codecs().0;
     assert_eq!(
         u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
         VERSION
@@ -132,7 +132,7 @@ fn q8_session_with_key_offsets_round_trips_bitwise() {
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
         .collect();
-    assert_eq!(stored, bits(offsets.means()));
+    assert_eq!(stored, bits(keys.calibration()));
     let g = model.kv_geometry();
     let row = 2 * KvType::Q8_0.row_bytes(g.kv_dim()).unwrap();
     assert_eq!(

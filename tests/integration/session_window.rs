@@ -17,7 +17,7 @@
 use kvcore::gguf::GgufFile;
 use kvcore::model::Llama;
 use kvcore::session::file::VERSION;
-use kvcore::{DType, GrowKv, KvError, KvStore, Session, SessionError, WindowKv};
+use kvcore::{DType, GrowKv, KvError, KvRestore, KvStore, Session, SessionError, WindowKv};
 use kvcore_scalar::Scalar;
 use kvcore_test_support::session::{reseal, snapshot};
 use kvcore_test_support::tiny::TinyLlama;
@@ -71,7 +71,7 @@ fn to_bytes<K: KvStore>(s: &Session<K>, model: &Llama<Scalar>) -> Vec<u8> {
     out
 }
 
-fn restore<K: KvStore>(
+fn restore<K: KvRestore>(
     s: &mut Session<K>,
     model: &Llama<Scalar>,
     bytes: &[u8],

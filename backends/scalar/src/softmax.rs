@@ -18,7 +18,7 @@
 
 use crate::matmul::dot;
 use kvcore::backend::{AttnParams, ShapeError};
-use kvcore::kv::{KvRows, KvType, KvView, hadamard, rotation_len};
+use kvcore::kv::{KvCodec, KvRows, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
 /// The maximum of a softmax row, or `None` once the row's outcome is settled without
@@ -98,11 +98,11 @@ fn head_row<'a: 'b, 'b>(
 
 /// One layer's attention; shapes checked by the caller. Rows of every [`KvType`] are read
 /// in place: each key and value row is decoded (`quant::dequantize`, exactly as a weight
-/// row of the same format) just before its dot product or its weighted add. `q8_0` rows
-/// hold rotated heads (`kvcore::kv::hadamard`): with `q8_0` keys each query head is
-/// rotated the same way and divided by the rotation length (exact) before its dot products; with `q8_0`
-/// values each output head is rotated back after its weighted sum. Keys stored less a key
-/// offset (`kvcore::kv::KeyOffsets`) have it added back to the decoded row.
+/// row of the same format) just before its dot product or its weighted add. Rows whose
+/// codec rotates heads (`KvView::rotations`, `kvcore::kv::KvCodec`): against such keys
+/// each query head is rotated the same way and divided by the rotation length (exact)
+/// before its dot products; a sum of such values is rotated back after it. Keys stored
+/// less a key offset (`KvView::key_offset`) have it added back to the decoded row.
 pub(crate) fn attention(
     q: ArrayView3<'_, f32>,
     q_pos: &[usize],
@@ -160,14 +160,12 @@ pub(crate) fn attention(
     Ok(())
 }
 
-/// Whether the view's keys and values hold rotated (`q8_0`) blocks.
+/// Whether the view's keys and values hold rotated heads ([`KvView::rotations`]).
 pub fn rotations(kv: &KvView<'_>) -> (bool, bool) {
-    let (k, v) = kv.kv_types().unwrap_or((KvType::F32, KvType::F32));
-    (k == KvType::Q8_0, v == KvType::Q8_0)
+    kv.rotations()
 }
 
-/// `H q / n` (`n` = [`rotation_len`] of the head, an exact division), in `buf`: a query
-/// head matched to rotated keys.
+/// `H q / n` ([`unrotate`]) in `buf`: a query head matched to rotated keys.
 fn rotate<'b>(q: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
     buf.clear();
     buf.extend_from_slice(q);
@@ -175,13 +173,10 @@ fn rotate<'b>(q: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
     buf
 }
 
-/// `o ← H o / n` (`n` = [`rotation_len`] of the head): a weighted sum of rotated values
-/// rotated back (the transform is its own inverse up to `n`).
+/// `o ← H o / n`, the codec's reference ([`KvCodec::unrotate`]): a weighted sum of
+/// rotated values rotated back, or a query head matched to rotated keys.
 pub fn unrotate(o: &mut [f32]) {
-    let n = rotation_len(o.len());
-    hadamard(o, n);
-    let inv = 1.0 / n as f32;
-    o.iter_mut().for_each(|x| *x *= inv);
+    KvCodec::unrotate(o);
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use half::{bf16, f16};
 use kvcore::backend::{
     AttnJob, AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle,
 };
+use kvcore::kv::codec::{encode_q8_0, hadamard, rotation_len};
 use kvcore::kv::{
-    BlockQ8_0, KeyOffsets, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK, encode_q8_0,
-    hadamard, rotation_len,
+    BlockQ8_0, KeyOffsets, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK,
 };
 use kvcore::ndarray::Array3;
 use std::sync::Arc;
@@ -474,8 +474,8 @@ impl Attention {
     }
 }
 
-/// `H y / n` of one rotated head `y` (`n` = `kvcore::kv::rotation_len`), in f64 and
-/// rounded once: the values a rotated `q8_0` head stands for (`kvcore::kv::hadamard`),
+/// `H y / n` of one rotated head `y` (`n` = `kvcore::kv::codec::rotation_len`), in f64 and
+/// rounded once: the values a rotated `q8_0` head stands for (`kvcore::kv::codec::hadamard`),
 /// computed independently of the kernels' f32 butterflies.
 fn unrotate_f64(y: &[f32]) -> Vec<f32> {
     let n = rotation_len(y.len());
@@ -500,7 +500,7 @@ fn unrotate_f64(y: &[f32]) -> Vec<f32> {
 }
 
 /// Rows `[n, h, d]` in one KV element type, each encoded on its own (`half`'s
-/// conversions, `kvcore::kv::encode_q8_0`).
+/// conversions, `kvcore::kv::codec::encode_q8_0`).
 pub enum Encoded {
     /// f32 rows.
     F32(Array3<f32>),

@@ -677,7 +677,7 @@ fn hadamard8(v: __m256) -> __m256 {
 /// registers. Runs of fewer than 8 or more than 256 values take the scalar one.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn unrotate(o: &mut [f32]) {
-    match kvcore::kv::rotation_len(o.len()) {
+    match kvcore::kv::codec::rotation_len(o.len()) {
         8 => unrotate_n::<1>(o),
         16 => unrotate_n::<2>(o),
         32 => unrotate_n::<4>(o),

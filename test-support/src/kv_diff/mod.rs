@@ -1,43 +1,47 @@
 //! Differential testing of the KV stores: one op sequence applied to a [`SpecKv`] (the
-//! specification: plain vectors, obviously right), a [`DenseKv`] (the reference), a
-//! [`GrowKv`] and a [`WindowKv`], which must agree bit for bit after every step.
+//! specification: plain vectors, obviously right, sharing no code with the stores;
+//! `spec.rs`), a [`DenseKv`] (the reference), a [`WindowKv`] and a store under test —
+//! kvcore's [`GrowKv`] ([`run`]) or any [`KvStore`] a constructor builds ([`run_store`];
+//! [`suite`] runs it over the property-test scenarios) — which must agree bit for bit
+//! after every step.
 //!
 //! A scenario may give layers sliding windows ([`Scenario::windows`]). The spec and the
 //! `WindowKv` then apply the window rule (a window layer of `w` retains its last `w`
 //! committed positions; a rewind to `0 < n < len` that would need an evicted position is
-//! [`KvError::BehindWindow`]), while the dense and growing stores keep every position,
-//! as a dense store with the window applied as a mask does. For a window layer the
-//! `WindowKv`'s view must equal the spec's exactly (the retained positions, ascending),
-//! the spec must retain every position a future query can see (from `len + 1 − w`, or
-//! during an open append from `at + 1 − w`, what the pass's own queries see), and the
-//! dense and growing stores must hold the same bits at those positions. When the spec
-//! refuses a rewind behind a window, the `WindowKv` must refuse it with the same error
-//! and the dense and growing stores are not asked (an append's `begin` on them is rolled
-//! back).
+//! [`KvError::BehindWindow`]), while the dense store keeps every position, as a dense
+//! store with the window applied as a mask does; the store under test does either (its
+//! [`KvStore::window`] says which). For a window layer a store that applies the window
+//! must show exactly the spec's view (the retained positions, ascending), the spec must
+//! retain every position a future query can see (from `len + 1 − w`, or during an open
+//! append from `at + 1 − w`, what the pass's own queries see), and the stores that keep
+//! every position must hold the same bits at those positions. When the spec refuses a
+//! rewind behind a window, the stores that apply windows must refuse it with the same
+//! error and the others are not asked (an append's `begin` on them is rolled back).
 //!
 //! A [`Scenario`] is a geometry plus a list of [`KvOp`]s over up to [`MAX_SEQS`]
 //! sequences (forks add sequences). [`run`] replays it and returns the first
-//! [`Divergence`]. An append is driven step by step on all three stores — `begin`, each
+//! [`Divergence`]. An append is driven step by step on all four stores — `begin`, each
 //! layer's `write`, then `commit` or `rollback` as its [`End`] says — and after the
 //! begin and after every write it checks:
 //! - the stores returned the same `Result` (same [`KvError`]), except that a store may
 //!   fail with [`KvError::AllocFailed`] where the others succeed (each allocates at its
-//!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense,
-//!   growing and window stores fail): then the others' append is rolled back;
+//!   own moments, and [`KvOp::RefuseNextAlloc`] makes the next allocation of the dense
+//!   and window stores fail, and of the store under test if it takes the gate): then
+//!   the others' append is rolled back;
 //! - every layer's view holds the same positions (`0 .. len`, or `0 .. at + n` for a
-//!   layer written by the open append) and the same stored bytes in all three (f32 rows
+//!   layer written by the open append) and the same stored bytes in all four (f32 rows
 //!   by `f32::to_bits`, NaN payloads and `-0.0` included; f16, bf16 and q8_0 rows, as the
 //!   scenario's K and V types choose, by their encoded units);
 //! - a failed or rolled-back op left each store exactly as it was (positions, bits,
 //!   capacity, bytes);
 //! - `len` is equal; with `P` a position's K and V row bytes in the scenario's types
 //!   (`2 · kv_dim · 4` in f32), `DenseKv`'s capacity is `max_ctx` and its bytes
-//!   `n_layers · max_ctx · P`; `GrowKv`'s capacity stays in `len..=max_ctx` and never
-//!   shrinks, its bytes are exactly `n_layers · capacity · P` outside an append and at
-//!   most the dense store's; `WindowKv`'s per-layer capacity is in `len..=max_ctx` for a
-//!   global layer and in `retained..=min(w, max_ctx)` for a window layer, and its bytes
-//!   are exactly `P · Σ layer capacity` outside an append (so a window layer costs at most
-//!   `w` positions).
+//!   `n_layers · max_ctx · P`; `WindowKv`'s per-layer capacity is in `len..=max_ctx` for
+//!   a global layer and in `retained..=min(w, max_ctx)` for a window layer, and its bytes
+//!   are exactly `P · Σ layer capacity` outside an append (so a window layer costs at
+//!   most `w` positions); under [`run`], `GrowKv`'s capacity stays in `len..=max_ctx` and
+//!   never shrinks, its bytes are exactly `n_layers · capacity · P` outside an append and
+//!   at most the dense store's.
 //!
 //! Scenarios implement [`arbitrary::Arbitrary`] with bounded sizes so one run takes
 //! microseconds to milliseconds (`1..=4` layers, `1..=3` KV heads of `0..=6`, `max_ctx`
@@ -51,13 +55,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arbitrary::{Arbitrary, Unstructured};
-use half::{bf16, f16};
 use kvcore::kv::{
-    AllocGate, BlockQ8_0, DenseKv, GrowKv, KeyOffsets, KvError, KvGeometry, KvRows, KvSegment,
-    KvStore, KvType, KvView, Q8_0_BLOCK, WindowKv, check_begin, check_rows, encode_q8_0, hadamard,
-    rotation_len,
+    AllocGate, DenseKv, GrowKv, KeyOffsets, KvError, KvGeometry, KvRows, KvStore, KvType, KvView,
+    Q8_0_BLOCK, WindowKv,
 };
-use kvcore::ndarray::{Array2, ArrayView2, ArrayView3};
+use kvcore::ndarray::{Array2, ArrayView3};
+
+mod spec;
+pub mod suite;
+
+pub use spec::SpecKv;
 
 /// Most layers of an arbitrary [`Scenario`] (the fewest is 1).
 pub const MAX_LAYERS: usize = 4;
@@ -338,403 +345,6 @@ fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<KvOp>> {
     Ok(ops)
 }
 
-// ---------------------------------------------------------------------------------------
-// The specification store
-// ---------------------------------------------------------------------------------------
-
-/// The KV store contract in its plainest form: per layer one `Vec<f32>` of the committed
-/// rows, and an open append held as each written layer's whole new contents. Its
-/// capacity is its length; it never fails to allocate (an abort instead).
-///
-/// A window layer of `w` keeps every row but shows only the retained ones, `lo .. len`,
-/// by the window rule: a commit of `at .. end` sets `lo = max(min(lo, at), end − w)`; a
-/// truncate to `n` keeps `lo` (`0` when `n = 0`); a rewind to `0 < n < len` is refused
-/// with [`KvError::BehindWindow`] unless `lo ≤ n + 1 − w` in every window layer.
-#[derive(Debug)]
-pub struct SpecKv {
-    geometry: KvGeometry,
-    kv_dim: usize,
-    max_ctx: usize,
-    len: usize,
-    /// `[n_layers]`: `None` global, `Some(w)` a window.
-    windows: Vec<Option<usize>>,
-    /// `[n_layers]`: the first position shown (0 for a global layer).
-    lo: Vec<usize>,
-    /// K's and V's element types.
-    types: (KvType, KvType),
-    /// `[n_layers]` of `[len]` rows in K's type.
-    k: Vec<SpecRows>,
-    /// `[n_layers]` of `[len]` rows in V's type.
-    v: Vec<SpecRows>,
-    pending: Option<SpecAppend>,
-    /// What `q8_0` keys are encoded less of (`kv/offsets.rs`).
-    key_offsets: Option<Arc<KeyOffsets>>,
-}
-
-/// Rows of one element type, each encoded on its own (`kv::encode_q8_0`, `half`'s conversions): `[rows][units per row]`.
-#[derive(Debug, Clone)]
-enum SpecRows {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8_0(Vec<BlockQ8_0>),
-}
-
-macro_rules! each_rows {
-    ($rows:expr, $v:ident => $body:expr) => {
-        match $rows {
-            SpecRows::F32($v) => $body,
-            SpecRows::F16($v) => $body,
-            SpecRows::BF16($v) => $body,
-            SpecRows::Q8_0($v) => $body,
-        }
-    };
-}
-
-impl SpecRows {
-    fn new(ty: KvType) -> SpecRows {
-        match ty {
-            KvType::F16 => SpecRows::F16(Vec::new()),
-            KvType::BF16 => SpecRows::BF16(Vec::new()),
-            KvType::Q8_0 => SpecRows::Q8_0(Vec::new()),
-            _ => SpecRows::F32(Vec::new()),
-        }
-    }
-
-    /// The first `units` units followed by `rows` encoded; `q8_0` keys at positions
-    /// `shift.2 ..` of layer `shift.1` less the key offsets `shift.0`, as `kv/offsets.rs`
-    /// states it (each head rotated, its block's rotated offset subtracted, quantised).
-    fn prefix_then(
-        &self,
-        units: usize,
-        rows: ArrayView2<'_, f32>,
-        head_dim: usize,
-        shift: Option<(&KeyOffsets, usize, usize)>,
-    ) -> SpecRows {
-        let mut out = self.clone();
-        out.truncate(units);
-        match &mut out {
-            SpecRows::F32(v) => v.extend(rows.iter()),
-            SpecRows::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
-            SpecRows::BF16(v) => v.extend(rows.iter().map(|&x| bf16::from_f32(x))),
-            SpecRows::Q8_0(v) => {
-                for (t, row) in rows.rows().into_iter().enumerate() {
-                    let Some((offsets, layer, at)) = shift else {
-                        v.extend(encode_q8_0(&row.to_vec(), head_dim));
-                        continue;
-                    };
-                    for (h, head) in row.to_vec().chunks_exact(head_dim).enumerate() {
-                        let mut y = head.to_vec();
-                        hadamard(&mut y, rotation_len(head_dim));
-                        let t_b = offsets.rotated(layer, at + t, h).expect("covered");
-                        y.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
-                        v.extend(y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn truncate(&mut self, units: usize) {
-        each_rows!(self, v => v.truncate(units))
-    }
-
-    /// Units `span` as `[rows, h, per_head]`.
-    fn view(
-        &self,
-        span: std::ops::Range<usize>,
-        rows: usize,
-        h: usize,
-        per_head: usize,
-    ) -> KvRows<'_> {
-        let shape = (rows, h, per_head);
-        let err = "rows · units per row";
-        match self {
-            SpecRows::F32(v) => KvRows::F32(ArrayView3::from_shape(shape, &v[span]).expect(err)),
-            SpecRows::F16(v) => KvRows::F16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
-            SpecRows::BF16(v) => KvRows::BF16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
-            SpecRows::Q8_0(v) => KvRows::Q8_0(ArrayView3::from_shape(shape, &v[span]).expect(err)),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct SpecAppend {
-    at: usize,
-    n: usize,
-    /// `[n_layers]`: once written, the layer's K and V rows `0 .. at + n`.
-    layers: Vec<Option<(SpecRows, SpecRows)>>,
-}
-
-impl SpecKv {
-    /// An empty store. The geometry's rows must not overflow (the real stores'
-    /// constructors reject those).
-    pub fn new(geometry: KvGeometry, max_ctx: usize) -> Self {
-        SpecKv::with_windows(geometry, max_ctx, &vec![None; geometry.n_layers])
-    }
-
-    /// An empty store whose layer `l` has the window `windows[l]` (missing entries are
-    /// global layers).
-    pub fn with_windows(geometry: KvGeometry, max_ctx: usize, windows: &[Option<usize>]) -> Self {
-        SpecKv::with_types(geometry, max_ctx, windows, (KvType::F32, KvType::F32))
-    }
-
-    /// [`with_windows`](SpecKv::with_windows) with K rows of `types.0` and V rows of
-    /// `types.1` (the head size a whole number of the types' blocks).
-    pub fn with_types(
-        geometry: KvGeometry,
-        max_ctx: usize,
-        windows: &[Option<usize>],
-        types: (KvType, KvType),
-    ) -> Self {
-        SpecKv {
-            types,
-            geometry,
-            kv_dim: geometry.kv_dim(),
-            max_ctx,
-            len: 0,
-            windows: (0..geometry.n_layers)
-                .map(|l| windows.get(l).copied().flatten())
-                .collect(),
-            lo: vec![0; geometry.n_layers],
-            k: vec![SpecRows::new(types.0); geometry.n_layers],
-            v: vec![SpecRows::new(types.1); geometry.n_layers],
-            pending: None,
-            key_offsets: None,
-        }
-    }
-
-    /// The same empty store encoding its `q8_0` keys less `offsets`.
-    pub fn with_key_offsets(mut self, offsets: Option<Arc<KeyOffsets>>) -> Self {
-        self.key_offsets = offsets;
-        self
-    }
-
-    /// Units per K row and per V row.
-    fn units(&self) -> (usize, usize) {
-        (
-            self.types.0.row_units(self.kv_dim),
-            self.types.1.row_units(self.kv_dim),
-        )
-    }
-
-    fn check_layer(&self, layer: usize) -> Result<(), KvError> {
-        if layer < self.geometry.n_layers {
-            Ok(())
-        } else {
-            Err(KvError::NoSuchLayer {
-                layer,
-                n_layers: self.geometry.n_layers,
-            })
-        }
-    }
-
-    /// `Err(BehindWindow)` for a rewind to `0 < n < len` that a window layer cannot serve.
-    fn check_rewind(&self, n: usize) -> Result<(), KvError> {
-        if n == 0 || n >= self.len || self.can_rewind_to(n) {
-            return Ok(());
-        }
-        let earliest = (0..self.geometry.n_layers)
-            .filter_map(|l| Some((self.windows[l]?, self.lo[l])))
-            .filter(|&(_, lo)| lo > 0)
-            .map(|(w, lo)| lo + w - 1)
-            .max()
-            .unwrap_or(0)
-            .min(self.len);
-        Err(KvError::BehindWindow { pos: n, earliest })
-    }
-
-    /// The first position layer `layer`'s view holds (its positions run from there to
-    /// `len`, or to `at + n` once the open append has written it).
-    pub fn shown_from(&self, layer: usize) -> usize {
-        match &self.pending {
-            Some(p) if p.layers[layer].is_some() => self.lo[layer].min(p.at),
-            _ => self.lo[layer],
-        }
-    }
-
-    /// The first position a query of the current state can see in layer `layer`: `0` for
-    /// a global layer; for a window `w`, `len + 1 − w`, or `at + 1 − w` once the open
-    /// append has written the layer (its earliest query is at `at`).
-    pub fn needed_from(&self, layer: usize) -> usize {
-        let Some(w) = self.windows.get(layer).copied().flatten() else {
-            return 0;
-        };
-        let q = match &self.pending {
-            Some(p) if p.layers[layer].is_some() => p.at,
-            _ => self.len,
-        };
-        (q + 1).saturating_sub(w)
-    }
-}
-
-impl KvStore for SpecKv {
-    fn geometry(&self) -> KvGeometry {
-        self.geometry
-    }
-    fn kv_types(&self) -> (KvType, KvType) {
-        self.types
-    }
-    fn max_ctx(&self) -> usize {
-        self.max_ctx
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn capacity(&self) -> usize {
-        self.len
-    }
-    /// The bytes of the rows held (not of the vectors' spare capacity).
-    fn bytes(&self) -> usize {
-        self.geometry.n_layers * self.len * position_bytes(self.kv_dim, self.types)
-    }
-    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
-        self.check_layer(layer)?;
-        let (k, v) = match self.pending.as_ref().and_then(|p| p.layers[layer].as_ref()) {
-            Some((k, v)) => (k, v),
-            None => (&self.k[layer], &self.v[layer]),
-        };
-        let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
-        let (rows, lo) = match &self.pending {
-            Some(p) if p.layers[layer].is_some() => (p.at + p.n, self.lo[layer].min(p.at)),
-            _ => (self.len, self.lo[layer]),
-        };
-        let (ku, vu) = self.units();
-        let (kh, vh) = (d / self.types.0.block(), d / self.types.1.block());
-        let (k, v) = (
-            k.view(lo * ku..rows * ku, rows - lo, h, kh),
-            v.view(lo * vu..rows * vu, rows - lo, h, vh),
-        );
-        KvView::new(h, d, vec![KvSegment::new(lo, k, v)?])
-    }
-    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
-        check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
-        self.check_rewind(at)?;
-        self.pending = Some(SpecAppend {
-            at,
-            n,
-            layers: vec![None; self.geometry.n_layers],
-        });
-        Ok(())
-    }
-    fn write(
-        &mut self,
-        layer: usize,
-        k: ArrayView2<'_, f32>,
-        v: ArrayView2<'_, f32>,
-    ) -> Result<(), KvError> {
-        let (at, n) = match &self.pending {
-            Some(p) => (p.at, p.n),
-            None => return Err(KvError::NoAppend),
-        };
-        self.check_layer(layer)?;
-        check_rows(n, self.kv_dim, &k, &v)?;
-        let (ku, vu) = self.units();
-        let shift = self.key_offsets.as_deref().map(|o| (o, layer, at));
-        let layer_rows = (
-            self.k[layer].prefix_then(at * ku, k, self.geometry.head_dim, shift),
-            self.v[layer].prefix_then(at * vu, v, self.geometry.head_dim, None),
-        );
-        if let Some(p) = &mut self.pending {
-            p.layers[layer] = Some(layer_rows);
-        }
-        Ok(())
-    }
-    /// Not part of the differential runs (state files are tested end to end): the spec
-    /// refuses it.
-    fn write_stored(
-        &mut self,
-        _layer: usize,
-        _k: KvRows<'_>,
-        _v: KvRows<'_>,
-    ) -> Result<(), KvError> {
-        Err(KvError::NoAppend)
-    }
-    fn commit(&mut self) -> Result<(), KvError> {
-        let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
-        if p.n > 0
-            && let Some(layer) = p.layers.iter().position(Option::is_none)
-        {
-            return Err(KvError::Incomplete { layer });
-        }
-        let p = self.pending.take().expect("checked");
-        let (ku, vu) = self.units();
-        let end = p.at + p.n;
-        for (layer, w) in self.windows.iter().enumerate() {
-            if let Some(w) = w {
-                self.lo[layer] = self.lo[layer].min(p.at).max(end.saturating_sub(*w));
-            }
-        }
-        for (layer, rows) in p.layers.into_iter().enumerate() {
-            match rows {
-                Some((k, v)) => (self.k[layer], self.v[layer]) = (k, v),
-                None => {
-                    self.k[layer].truncate(p.at * ku);
-                    self.v[layer].truncate(p.at * vu);
-                }
-            }
-        }
-        self.len = p.at + p.n;
-        Ok(())
-    }
-    fn rollback(&mut self) {
-        self.pending = None;
-    }
-    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
-        self.check_rewind(n)?;
-        self.rollback();
-        self.len = self.len.min(n);
-        for lo in &mut self.lo {
-            *lo = (*lo).min(self.len);
-        }
-        let (ku, vu) = self.units();
-        for rows in &mut self.k {
-            rows.truncate(self.len * ku);
-        }
-        for rows in &mut self.v {
-            rows.truncate(self.len * vu);
-        }
-        Ok(())
-    }
-    fn can_rewind_to(&self, n: usize) -> bool {
-        n == self.len
-            || n == 0
-            || (n < self.len
-                && (0..self.geometry.n_layers).all(|l| match self.windows[l] {
-                    Some(w) => self.lo[l] <= (n + 1).saturating_sub(w),
-                    None => true,
-                }))
-    }
-    fn window(&self, layer: usize) -> Option<usize> {
-        self.windows.get(layer).copied().flatten()
-    }
-    fn fork(&self) -> Result<Self, KvError> {
-        if self.pending.is_some() {
-            return Err(KvError::AppendOpen);
-        }
-        Ok(SpecKv {
-            windows: self.windows.clone(),
-            lo: self.lo.clone(),
-            k: self.k.clone(),
-            v: self.v.clone(),
-            pending: None,
-            key_offsets: self.key_offsets.clone(),
-            ..*self
-        })
-    }
-    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
-        Ok(Box::new(self.fork()?))
-    }
-    fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
-        self.key_offsets.as_ref()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// The runner
-// ---------------------------------------------------------------------------------------
-
 /// The first disagreement of a [`run`]: after which op (none: at construction), on
 /// which sequence, and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -766,13 +376,20 @@ impl AllocGate for RefuseNext {
     }
 }
 
-/// One sequence on the four stores.
-struct Seq<G> {
+/// One sequence on the four stores: the spec, the dense store, the store under test
+/// and the window store.
+struct Seq<S> {
     spec: SpecKv,
     dense: DenseKv,
-    grow: G,
+    store: S,
     window: WindowKv,
+    /// Whether the store under test applies the scenario's windows (as `WindowKv`) or
+    /// keeps every position (as `DenseKv`).
+    windowed: bool,
 }
+
+/// A store and its name in divergence messages.
+type Named<'a> = (&'a str, &'a dyn KvStore);
 
 /// What a store looks like from outside: per layer, positions and bits of K and V, and
 /// its sizes.
@@ -907,12 +524,12 @@ fn snapshot(kv: &dyn KvStore) -> Result<Snapshot, String> {
     })
 }
 
-impl<G: KvStore> Seq<G> {
+impl<S: KvStore> Seq<S> {
     fn stores(&mut self) -> [&mut dyn KvStore; 4] {
         [
             &mut self.spec,
             &mut self.dense,
-            &mut self.grow,
+            &mut self.store,
             &mut self.window,
         ]
     }
@@ -921,9 +538,21 @@ impl<G: KvStore> Seq<G> {
         Ok([
             snapshot(&self.spec)?,
             snapshot(&self.dense)?,
-            snapshot(&self.grow)?,
+            snapshot(&self.store)?,
             snapshot(&self.window)?,
         ])
+    }
+
+    /// The stores that apply the windows, and those that keep every position.
+    fn by_role(&self) -> (Vec<Named<'_>>, Vec<Named<'_>>) {
+        let mut windowed: Vec<Named<'_>> = vec![("WindowKv", &self.window)];
+        let mut keep_all: Vec<Named<'_>> = vec![("DenseKv", &self.dense)];
+        if self.windowed {
+            windowed.push(("the store", &self.store));
+        } else {
+            keep_all.push(("the store", &self.store));
+        }
+        (windowed, keep_all)
     }
 
     /// Every layer's positions and bits agree across the stores: exactly for a global
@@ -932,14 +561,12 @@ impl<G: KvStore> Seq<G> {
     /// position a query can see.
     fn same_views(&self) -> Result<(), String> {
         let spec = &self.spec;
+        let (windowed_stores, keep_all) = self.by_role();
         for layer in 0..spec.geometry().n_layers {
             let windowed = spec.window(layer).is_some();
-            let mut exact: Vec<(&str, &dyn KvStore)> = vec![("WindowKv", &self.window)];
+            let mut exact = windowed_stores.clone();
             if !windowed {
-                exact.extend([
-                    ("DenseKv", &self.dense as &dyn KvStore),
-                    ("GrowKv", &self.grow),
-                ]);
+                exact.extend(keep_all.iter().copied());
             }
             for (name, kv) in exact {
                 if !same_layer(spec, kv, layer)? {
@@ -956,10 +583,7 @@ impl<G: KvStore> Seq<G> {
                         spec.needed_from(layer)
                     ));
                 }
-                for (name, kv) in [
-                    ("DenseKv", &self.dense as &dyn KvStore),
-                    ("GrowKv", &self.grow),
-                ] {
+                for &(name, kv) in &keep_all {
                     let got = layer_bits_from(kv, layer, from)?;
                     if got != want {
                         return Err(differs(layer, name, &got, &want));
@@ -971,16 +595,22 @@ impl<G: KvStore> Seq<G> {
     }
 }
 
-/// The results (spec, dense, growing, window) must agree: `Ok(false)`. `Ok(true)` when
-/// the op is to be abandoned: an `AllocFailed` of a real store where the spec succeeded,
-/// or the spec's [`KvError::BehindWindow`], which the window store must return too while
-/// the stores without windows succeed (or fail to allocate).
-fn agree(what: &str, results: &[Result<(), KvError>; 4]) -> Result<bool, String> {
+/// The results (spec, dense, the store under test, window) must agree: `Ok(false)`.
+/// `Ok(true)` when the op is to be abandoned: an `AllocFailed` of a real store where the
+/// spec succeeded, or the spec's [`KvError::BehindWindow`], which the stores that apply
+/// windows must return too while those that keep every position succeed (or fail to
+/// allocate). `windowed`: whether the store under test applies windows.
+fn agree(what: &str, results: &[Result<(), KvError>; 4], windowed: bool) -> Result<bool, String> {
     let alloc = |r: &Result<(), KvError>| matches!(r, Err(KvError::AllocFailed { .. }));
-    let [spec, dense, grow, window] = results;
+    let [spec, dense, store, window] = results;
     if let Err(e @ KvError::BehindWindow { .. }) = spec {
-        return if window.as_ref().err() == Some(e)
-            && [dense, grow].iter().all(|r| r.is_ok() || alloc(r))
+        let (refusing, keep_all) = if windowed {
+            (vec![window, store], vec![dense])
+        } else {
+            (vec![window], vec![dense, store])
+        };
+        return if refusing.iter().all(|r| r.as_ref().err() == Some(e))
+            && keep_all.iter().all(|r| r.is_ok() || alloc(r))
         {
             Ok(true)
         } else {
@@ -999,7 +629,7 @@ fn agree(what: &str, results: &[Result<(), KvError>; 4]) -> Result<bool, String>
     }
     if results[1..].iter().any(|r| r != spec) {
         return Err(format!(
-            "{what}: spec {spec:?}, DenseKv {dense:?}, GrowKv {grow:?}, WindowKv {window:?}"
+            "{what}: spec {spec:?}, DenseKv {dense:?}, the store {store:?}, WindowKv {window:?}"
         ));
     }
     Ok(false)
@@ -1014,47 +644,94 @@ fn rows(n: usize, kv_dim: usize, extra: usize, layer: usize, bits: &[u32], v: bo
     })
 }
 
-/// Replays `scenario` and checks the stores after construction and after every step
-/// (see the [module docs](self)).
+/// What a store under test is built for: one scenario's store (see [`run_store`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct StoreParams {
+    /// Layers, KV heads and head size.
+    pub geometry: KvGeometry,
+    /// The ceiling on positions.
+    pub max_ctx: usize,
+    /// The element types of K and V.
+    pub types: (KvType, KvType),
+    /// Each layer's sliding window (`None`: global). A store may apply them (its
+    /// [`KvStore::window`] then answers them, and it is held to the window rule) or keep
+    /// every position (it then answers `None` for every layer).
+    pub windows: Vec<Option<usize>>,
+    /// The key offsets `q8_0` keys are kept less of (the scenario's
+    /// [`key_offsets`](Scenario::key_offsets)), which the store must use.
+    pub key_offsets: Option<Arc<KeyOffsets>>,
+    /// An initial capacity, for a store that takes one.
+    pub initial: Option<usize>,
+    /// The gate [`KvOp::RefuseNextAlloc`] arms, for a store that takes an [`AllocGate`].
+    pub gate: Arc<dyn AllocGate>,
+}
+
+/// Replays `scenario` with kvcore's `GrowKv` as the store under test ([`run_store`]),
+/// also holding it to its growth rules: capacity in `len ..= max_ctx`, never shrinking,
+/// and bytes exactly `n_layers · capacity` positions outside an append.
+///
+/// # Errors
+/// The first [`Divergence`].
+pub fn run(scenario: &Scenario) -> Result<(), Divergence> {
+    run_with(scenario, true, |p| {
+        let mut kv = match p.initial {
+            None => GrowKv::with_types(p.geometry, p.max_ctx, p.types),
+            Some(initial) => {
+                GrowKv::with_capacity_and_types(p.geometry, p.max_ctx, initial, p.types)
+            }
+        }?;
+        if let Some(o) = &p.key_offsets {
+            kv = kv.with_key_offsets(o.clone())?;
+        }
+        kv.set_alloc_gate(Some(p.gate.clone()));
+        Ok(kv)
+    })
+}
+
+/// Replays `scenario` on the specification store, a `DenseKv`, a `WindowKv` and the
+/// store `build` makes for the scenario's [`StoreParams`], and checks them after
+/// construction and after every step (see the [module docs](self)): the store under
+/// test must return the spec's results and hold the spec's positions and bytes, and a
+/// failed or rolled-back op must leave it exactly as it was (its `len`, `capacity` and
+/// `bytes` included). [`suite`] runs it over kvcore's property-test scenarios.
 ///
 /// A geometry that no real store can be built for (the same error from every
 /// constructor) passes trivially; any other constructor disagreement is a divergence.
 ///
 /// # Errors
 /// The first [`Divergence`].
-pub fn run(scenario: &Scenario) -> Result<(), Divergence> {
-    let types = scenario.types;
-    let offsets = scenario.key_offsets();
-    run_against(scenario, |g, max_ctx, initial, gate| {
-        let mut kv = match initial {
-            None => GrowKv::with_types(g, max_ctx, types),
-            Some(initial) => GrowKv::with_capacity_and_types(g, max_ctx, initial, types),
-        }?;
-        if let Some(o) = offsets {
-            kv = kv.with_key_offsets(o)?;
-        }
-        kv.set_alloc_gate(Some(gate));
-        Ok(kv)
-    })
+pub fn run_store<S: KvStore>(
+    scenario: &Scenario,
+    build: impl FnOnce(&StoreParams) -> Result<S, KvError>,
+) -> Result<(), Divergence> {
+    run_with(scenario, false, build)
 }
 
-/// [`run`] with the store under test built by `build(geometry, max_ctx, initial, gate)`
-/// in the growing store's place (`gate` is the one [`KvOp::RefuseNextAlloc`] arms), so
-/// the checker itself can be tested on faulty stores.
-fn run_against<G: KvStore>(
+/// [`run_store`], with `GrowKv`'s growth rules on the store under test if `grow_rules`.
+fn run_with<S: KvStore>(
     scenario: &Scenario,
-    build: impl FnOnce(KvGeometry, usize, Option<usize>, Arc<dyn AllocGate>) -> Result<G, KvError>,
+    grow_rules: bool,
+    build: impl FnOnce(&StoreParams) -> Result<S, KvError>,
 ) -> Result<(), Divergence> {
     let g = scenario.geometry();
     let max_ctx = scenario.max_ctx;
     let at_start = |detail: String| Divergence { op: None, detail };
     let windows = scenario.layer_windows();
     let dense_gate = Arc::new(RefuseNext::default());
-    let grow_gate = Arc::new(RefuseNext::default());
+    let store_gate = Arc::new(RefuseNext::default());
     let window_gate = Arc::new(RefuseNext::default());
-    let built = build(g, max_ctx, scenario.initial, grow_gate.clone());
     let types = scenario.types;
     let offsets = scenario.key_offsets();
+    let built = build(&StoreParams {
+        geometry: g,
+        max_ctx,
+        types,
+        windows: windows.clone(),
+        key_offsets: offsets.clone(),
+        initial: scenario.initial,
+        gate: store_gate.clone(),
+    });
     let window = WindowKv::with_types(g, max_ctx, &windows, types).and_then(|w| match &offsets {
         Some(o) => w.with_key_offsets(o.clone()),
         None => Ok(w),
@@ -1063,12 +740,12 @@ fn run_against<G: KvStore>(
         Some(o) => d.with_key_offsets(o.clone()),
         None => Ok(d),
     });
-    let (mut dense, grow, mut window) = match (dense, built, window) {
-        (Ok(d), Ok(gr), Ok(w)) => (d, gr, w),
+    let (mut dense, store, mut window) = match (dense, built, window) {
+        (Ok(d), Ok(s), Ok(w)) => (d, s, w),
         (Err(a), Err(b), Err(c)) if a == b && b == c => return Ok(()),
         (a, b, c) => {
             return Err(at_start(format!(
-                "constructors disagree: DenseKv {:?}, store {:?}, WindowKv {:?}",
+                "constructors disagree: DenseKv {:?}, the store {:?}, WindowKv {:?}",
                 a.map(drop),
                 b.map(drop),
                 c.map(drop)
@@ -1077,40 +754,50 @@ fn run_against<G: KvStore>(
     };
     dense.set_alloc_gate(Some(dense_gate.clone()));
     window.set_alloc_gate(Some(window_gate.clone()));
+    let store_windows: Vec<Option<usize>> = (0..g.n_layers).map(|l| store.window(l)).collect();
+    let windowed = store_windows.iter().any(Option::is_some);
+    if windowed && store_windows != windows {
+        return Err(at_start(format!(
+            "the store's windows {store_windows:?} are neither the scenario's {windows:?} nor none"
+        )));
+    }
     let mut seqs = vec![Seq {
         spec: SpecKv::with_types(g, max_ctx, &windows, types).with_key_offsets(offsets),
         dense,
-        grow,
+        store,
         window,
+        windowed,
     }];
-    let mut grow_caps = vec![seqs[0].grow.capacity()];
-    check(&seqs[0], grow_caps[0]).map_err(at_start)?;
+    let mut caps = vec![seqs[0].store.capacity()];
+    check(&seqs[0], caps[0], grow_rules).map_err(at_start)?;
     for (index, op) in scenario.ops.iter().enumerate() {
         let diverged = |detail: String| Divergence {
             op: Some((index, op.clone())),
             detail,
         };
-        let gates = [&*dense_gate, &*grow_gate, &*window_gate];
-        step(&mut seqs, &mut grow_caps, op, gates).map_err(diverged)?;
+        let gates = [&*dense_gate, &*store_gate, &*window_gate];
+        step(&mut seqs, &mut caps, op, gates, grow_rules).map_err(diverged)?;
         // A refusal armed for this op that it did not use expires with it.
         if !matches!(op, KvOp::RefuseNextAlloc) {
             gates
                 .iter()
                 .for_each(|g| g.0.store(false, Ordering::Relaxed));
         }
-        for (seq, &cap) in seqs.iter().zip(&grow_caps) {
-            check(seq, cap).map_err(diverged)?;
+        for (seq, &cap) in seqs.iter().zip(&caps) {
+            check(seq, cap, grow_rules).map_err(diverged)?;
         }
     }
     Ok(())
 }
 
-/// Applies one op; updates each sequence's last GrowKv capacity.
-fn step<G: KvStore>(
-    seqs: &mut Vec<Seq<G>>,
-    grow_caps: &mut Vec<usize>,
+/// Applies one op; updates each sequence's last capacity of the store under test (which
+/// must not shrink under `grow_rules`).
+fn step<S: KvStore>(
+    seqs: &mut Vec<Seq<S>>,
+    caps: &mut Vec<usize>,
     op: &KvOp,
     gates: [&RefuseNext; 3],
+    grow_rules: bool,
 ) -> Result<(), String> {
     let pick = |seq: u8, n: usize| usize::from(seq) % n;
     match op {
@@ -1142,8 +829,18 @@ fn step<G: KvStore>(
             if spec != window {
                 return Err(format!("truncate: spec {spec:?}, WindowKv {window:?}"));
             }
+            if s.windowed {
+                let store = s.store.truncate(*n);
+                if store != spec {
+                    return Err(format!("truncate: spec {spec:?}, the store {store:?}"));
+                }
+            }
             if spec.is_ok() {
-                for kv in [&mut s.dense as &mut dyn KvStore, &mut s.grow] {
+                let mut keep_all: Vec<&mut dyn KvStore> = vec![&mut s.dense];
+                if !s.windowed {
+                    keep_all.push(&mut s.store);
+                }
+                for kv in keep_all {
                     kv.truncate(*n)
                         .map_err(|e| format!("truncate failed on a store without windows: {e}"))?;
                 }
@@ -1159,32 +856,34 @@ fn step<G: KvStore>(
             let i = pick(*seq, seqs.len());
             if seqs.len() < MAX_SEQS {
                 let s = &seqs[i];
-                let (spec, dense, grow, window) = (
+                let (spec, dense, store, window) = (
                     s.spec.fork(),
                     s.dense.fork(),
-                    s.grow.fork(),
+                    s.store.fork(),
                     s.window.fork(),
                 );
                 let outcome = |r: Result<(), &KvError>| r.map_err(Clone::clone);
                 let results = [
                     outcome(spec.as_ref().map(drop)),
                     outcome(dense.as_ref().map(drop)),
-                    outcome(grow.as_ref().map(drop)),
+                    outcome(store.as_ref().map(drop)),
                     outcome(window.as_ref().map(drop)),
                 ];
-                if !agree("fork", &results)?
-                    && let (Ok(spec), Ok(dense), Ok(grow), Ok(window)) = (spec, dense, grow, window)
+                if !agree("fork", &results, s.windowed)?
+                    && let (Ok(spec), Ok(dense), Ok(store), Ok(window)) =
+                        (spec, dense, store, window)
                 {
                     let fork = Seq {
                         spec,
                         dense,
-                        grow,
+                        store,
                         window,
+                        windowed: s.windowed,
                     };
                     if fork.snapshots()? != seqs[i].snapshots()? {
                         return Err("a fork differs from its parent".into());
                     }
-                    grow_caps.push(fork.grow.capacity());
+                    caps.push(fork.store.capacity());
                     seqs.push(fork);
                 }
             }
@@ -1193,13 +892,13 @@ fn step<G: KvStore>(
             if seqs.len() > 1 {
                 let i = pick(*seq, seqs.len());
                 seqs.remove(i);
-                grow_caps.remove(i);
+                caps.remove(i);
             }
         }
     }
-    for (seq, cap) in seqs.iter().zip(grow_caps.iter_mut()) {
-        let now = seq.grow.capacity();
-        if now < *cap {
+    for (seq, cap) in seqs.iter().zip(caps.iter_mut()) {
+        let now = seq.store.capacity();
+        if grow_rules && now < *cap {
             return Err(format!("GrowKv capacity shrank from {cap} to {now}"));
         }
         *cap = now;
@@ -1207,9 +906,9 @@ fn step<G: KvStore>(
     Ok(())
 }
 
-/// One append driven step by step on the three stores of `seq`.
-fn append<G: KvStore>(
-    seq: &mut Seq<G>,
+/// One append driven step by step on the four stores of `seq`.
+fn append<S: KvStore>(
+    seq: &mut Seq<S>,
     start: Start,
     n: usize,
     bits: &[u32],
@@ -1224,7 +923,7 @@ fn append<G: KvStore>(
     };
     let g = seq.spec.geometry();
     let kv_dim = g.kv_dim();
-    let unchanged = |seq: &Seq<G>, what: &str| -> Result<(), String> {
+    let unchanged = |seq: &Seq<S>, what: &str| -> Result<(), String> {
         if seq.snapshots()? == before {
             Ok(())
         } else {
@@ -1232,7 +931,8 @@ fn append<G: KvStore>(
         }
     };
     let results = seq.stores().map(|kv| kv.begin(at, n));
-    if agree("begin", &results)? || results[0].is_err() {
+    let windowed = seq.windowed;
+    if agree("begin", &results, windowed)? || results[0].is_err() {
         for (kv, r) in seq.stores().into_iter().zip(&results) {
             if r.is_ok() {
                 kv.rollback();
@@ -1261,20 +961,20 @@ fn append<G: KvStore>(
             let results = seq
                 .stores()
                 .map(|kv| kv.write(layer, k.view(), wide.view()));
-            agree("a write of rows too wide", &results)?;
+            agree("a write of rows too wide", &results, windowed)?;
             if results[0].is_ok() {
                 return Err("rows one element too wide were accepted".into());
             }
             seq.same_views()?;
         }
         let results = seq.stores().map(|kv| kv.write(layer, k.view(), v.view()));
-        agree(&format!("write({layer})"), &results)?;
+        agree(&format!("write({layer})"), &results, windowed)?;
         seq.same_views()?;
     }
     let commit = matches!(end, End::Commit | End::BadRow(_) | End::SkipLayer(_));
     if commit {
         let results = seq.stores().map(|kv| kv.commit());
-        agree("commit", &results)?;
+        agree("commit", &results, windowed)?;
         if matches!(end, End::SkipLayer(_)) && n > 0 && results[0].is_ok() {
             return Err("a commit with a layer unwritten succeeded".into());
         }
@@ -1287,13 +987,14 @@ fn append<G: KvStore>(
     unchanged(seq, "a rolled-back append")
 }
 
-/// The invariants of one sequence outside an append: equal lengths and views, and each
-/// store's capacity and footprint rules.
-fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String> {
-    let (spec, dense, grow, window) = (&seq.spec, &seq.dense, &seq.grow, &seq.window);
+/// The invariants of one sequence outside an append: equal lengths and views, and the
+/// capacity and footprint rules of the dense and window stores (and of `GrowKv` on the
+/// store under test when `grow_rules`).
+fn check<S: KvStore>(seq: &Seq<S>, cap_before: usize, grow_rules: bool) -> Result<(), String> {
+    let (spec, dense, grow, window) = (&seq.spec, &seq.dense, &seq.store, &seq.window);
     if dense.len() != spec.len() || grow.len() != spec.len() || window.len() != spec.len() {
         return Err(format!(
-            "len differs: spec {}, DenseKv {}, GrowKv {}, WindowKv {}",
+            "len differs: spec {}, DenseKv {}, the store {}, WindowKv {}",
             spec.len(),
             dense.len(),
             grow.len(),
@@ -1301,11 +1002,13 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
         ));
     }
     let g = spec.geometry();
-    let means = |kv: &dyn KvStore| kv.key_offsets().map(|o| o.means().to_vec());
+    let codec = |kv: &dyn KvStore| kv.codecs().0;
+    let want_codec = codec(spec);
+    let means = |kv: &dyn KvStore| Some(codec(kv).calibration().to_vec()).filter(|m| !m.is_empty());
     let want = means(spec);
     for (name, kv) in [
         ("DenseKv", dense as &dyn KvStore),
-        ("store", grow),
+        ("the store", grow),
         ("WindowKv", window),
     ] {
         if means(kv) != want {
@@ -1316,9 +1019,8 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
             let (has, end) = (view.has_key_offsets(), view.span().end.max(1));
             let same = (0..g.n_kv_heads).all(|h| {
                 view.key_offset(end - 1, h)
-                    == spec
-                        .key_offsets
-                        .as_ref()
+                    == want_codec
+                        .key_offsets()
                         .and_then(|o| o.rotated(layer, end - 1, h))
             });
             if has != want.is_some() || !same {
@@ -1340,14 +1042,14 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
         ));
     }
     let cap = grow.capacity();
-    if !(grow.len()..=grow.max_ctx()).contains(&cap) || cap < grow_cap_before {
+    if grow_rules && (!(grow.len()..=grow.max_ctx()).contains(&cap) || cap < cap_before) {
         return Err(format!(
-            "GrowKv capacity {cap} invalid (len {}, max_ctx {}, before {grow_cap_before})",
+            "GrowKv capacity {cap} invalid (len {}, max_ctx {}, before {cap_before})",
             grow.len(),
             grow.max_ctx()
         ));
     }
-    if grow.bytes() != footprint(cap) || grow.bytes() > dense.bytes() {
+    if grow_rules && (grow.bytes() != footprint(cap) || grow.bytes() > dense.bytes()) {
         return Err(format!(
             "GrowKv bytes {} for capacity {cap}: expected {}, at most DenseKv's {}",
             grow.bytes(),
@@ -1391,6 +1093,7 @@ fn check<G: KvStore>(seq: &Seq<G>, grow_cap_before: usize) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvcore::ndarray::ArrayView2;
 
     /// A `GrowKv` whose writes canonicalise one bit pattern (a lossy copy), or whose
     /// rollback forgets to undo a replaced tail.
@@ -1440,14 +1143,6 @@ mod tests {
             };
             self.inner.write(layer, fix(k).view(), fix(v).view())
         }
-        fn write_stored(
-            &mut self,
-            layer: usize,
-            k: KvRows<'_>,
-            v: KvRows<'_>,
-        ) -> Result<(), KvError> {
-            self.inner.write_stored(layer, k, v)
-        }
         fn commit(&mut self) -> Result<(), KvError> {
             self.inner.commit()
         }
@@ -1493,9 +1188,9 @@ mod tests {
         canonicalise: Option<u32>,
         lazy_rollback: bool,
     ) -> Result<(), Divergence> {
-        run_against(s, |g, max_ctx, _, _| {
+        run_store(s, |p| {
             Ok(Faulty {
-                inner: GrowKv::new(g, max_ctx)?,
+                inner: GrowKv::new(p.geometry, p.max_ctx)?,
                 canonicalise,
                 lazy_rollback,
             })
@@ -1518,7 +1213,7 @@ mod tests {
         let s = scenario(vec![append(vec![payload, 1], Start::End, 3, End::Commit)]);
         assert!(run(&s).is_ok());
         let d = against(&s, Some(payload), false).unwrap_err();
-        assert!(d.detail.contains("GrowKv"), "{d}");
+        assert!(d.detail.contains("the store"), "{d}");
     }
 
     #[test]

@@ -1,0 +1,284 @@
+//! KV element codecs: what each [`KvType`] does to a row on its way into a store and
+//! what attention must do to read it back. The model, the engine, the views and the
+//! state files ask a [`KvCodec`]; none of them knows what a type does.
+//!
+//! A codec owns, for its type:
+//! - **encoding** of a row of f32 values into the type's units, one row at a time (the
+//!   plain types' conversions and the `q8_0` rows of this module, `encode_q8_0_row`,
+//!   written into `elem.rs`'s typed buffers);
+//! - **decoding**: a stored row decodes exactly as a weight row of the format
+//!   [`KvType::dtype`] names, by the backends' dequantisers;
+//! - the **head transform** applied before encoding, which attention matches on the
+//!   query (for keys) and undoes on the output (for values): none for the plain types,
+//!   the Walsh–Hadamard rotation ([`hadamard`]) for `q8_0`
+//!   ([`rotated`](KvCodec::rotated), [`unrotate`](KvCodec::unrotate), the reference
+//!   every backend's own transform must equal bit for bit);
+//! - its **calibration**: `q8_0` keys are kept less the model's key offsets
+//!   (`offsets.rs`), computed from the mean keys of a calibration text. The model feeds
+//!   that through one narrow callback ([`for_keys`](KvCodec::for_keys): a store holding
+//!   the f32 keys of the model's own calibration pass), so the codec knows nothing of
+//!   tokenizers; state files record and compare the calibration
+//!   ([`calibration`](KvCodec::calibration)).
+//!
+//! Dispatch: a codec is a small value (the type and, for calibrated keys, an `Arc` of
+//! its offsets) whose methods match on the type once per row, per head or per view,
+//! never per element; the element loops below each arm, and the backends' row readers
+//! (one per type and architecture, over [`KvRows`](super::KvRows)), are monomorphic.
+//! An enum keeps the hot paths static without a generic parameter on every store and
+//! view. A new type is a [`KvType`] and `KvRows` variant, its arm in each method here,
+//! and its row readers per architecture.
+
+use std::sync::Arc;
+
+use super::elem::{BlockQ8_0, Q8_0_BLOCK};
+use super::{KeyOffsets, KvError, KvGeometry, KvStore, KvType};
+use crate::backend::Rope;
+
+/// Positions of the calibration pass left out of the mean keys: the first token's key is
+/// an outlier (an attention sink) in most models.
+const CALIBRATION_SKIP: usize = 1;
+
+/// [`KvError::RowType`] unless `codec` is of the store's key type `keys`.
+pub(super) fn check_key_codec(codec: &KvCodec, keys: KvType) -> Result<(), KvError> {
+    if codec.kv_type == keys {
+        Ok(())
+    } else {
+        Err(KvError::RowType {
+            what: "key codec",
+            expected: keys,
+            found: codec.kv_type,
+        })
+    }
+}
+
+/// The codec of one side (keys or values) of a store: its element type and, for keys of
+/// a type that calibrates, the calibration (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCodec {
+    kv_type: KvType,
+    /// `q8_0` keys kept less these offsets (`offsets.rs`).
+    key_offsets: Option<Arc<KeyOffsets>>,
+}
+
+impl KvCodec {
+    /// The codec of `kv_type` without calibration: values of any type, keys of a type
+    /// that needs none, and `q8_0` keys kept as they come.
+    pub fn new(kv_type: KvType) -> KvCodec {
+        KvCodec {
+            kv_type,
+            key_offsets: None,
+        }
+    }
+
+    /// A `q8_0` key codec kept less `offsets`.
+    ///
+    /// Errors with [`KvError::KeyOffsets`] for any other type.
+    pub fn with_key_offsets(kv_type: KvType, offsets: Arc<KeyOffsets>) -> Result<KvCodec, KvError> {
+        if !KvCodec::calibrates(kv_type) {
+            return Err(KvError::KeyOffsets {
+                reason: "key offsets need q8_0 keys",
+            });
+        }
+        Ok(KvCodec {
+            kv_type,
+            key_offsets: Some(offsets),
+        })
+    }
+
+    /// The key codec of `kv_type` for a model of `geometry` and `ropes` (one per layer),
+    /// covering positions `0 .. max_ctx`. A type that calibrates (`q8_0`) calls
+    /// `calibration_keys` once for a store holding the f32 keys of the model's
+    /// calibration pass and keeps its keys less the offsets of their mean; the others
+    /// never call it.
+    ///
+    /// Errors: `calibration_keys`'s, and [`KvError::KeyOffsets`] when the keys cannot
+    /// be calibrated (not f32, too few positions, a head size that is odd or not a
+    /// multiple of 32).
+    pub fn for_keys<S: KvStore, E: From<KvError>>(
+        kv_type: KvType,
+        geometry: KvGeometry,
+        ropes: &[Rope],
+        max_ctx: usize,
+        calibration_keys: impl FnOnce() -> Result<S, E>,
+    ) -> Result<KvCodec, E> {
+        if !KvCodec::calibrates(kv_type) {
+            return Ok(KvCodec::new(kv_type));
+        }
+        let kv = calibration_keys()?;
+        let means = KeyOffsets::calibrate(&kv, ropes, CALIBRATION_SKIP)?;
+        let offsets = KeyOffsets::new(geometry, means, ropes.to_vec(), max_ctx)?;
+        Ok(KvCodec::with_key_offsets(kv_type, Arc::new(offsets))?)
+    }
+
+    /// The same calibration covering positions `0 .. max_ctx` (itself when it covers them
+    /// already, or has none): computed again from the recorded means, so the offsets of
+    /// every position it covered are unchanged.
+    ///
+    /// Errors with [`KvError::KeyOffsets`] when the table would not fit in memory.
+    pub fn covering(&self, max_ctx: usize) -> Result<KvCodec, KvError> {
+        match &self.key_offsets {
+            Some(o) if o.max_ctx() < max_ctx => {
+                let o = KeyOffsets::new(
+                    o.geometry(),
+                    o.means().to_vec(),
+                    o.ropes().to_vec(),
+                    max_ctx,
+                )?;
+                KvCodec::with_key_offsets(self.kv_type, Arc::new(o))
+            }
+            _ => Ok(self.clone()),
+        }
+    }
+
+    /// The element type.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// The key offsets the keys are kept less of, if any.
+    pub fn key_offsets(&self) -> Option<&Arc<KeyOffsets>> {
+        self.key_offsets.as_ref()
+    }
+
+    /// The calibration as state files record it: the key offsets' pre-RoPE means
+    /// (`[n_layers][n_kv_heads][head_dim]`), or nothing.
+    pub fn calibration(&self) -> &[f32] {
+        self.key_offsets.as_deref().map_or(&[], KeyOffsets::means)
+    }
+
+    /// Whether keys of `kv_type` may be calibrated ([`for_keys`](Self::for_keys)); a
+    /// calibration records one value per layer and key element, `n_layers · kv_dim`.
+    pub fn calibrates(kv_type: KvType) -> bool {
+        kv_type == KvType::Q8_0
+    }
+
+    /// Whether rows of this type hold transformed heads, so that attention transforms
+    /// each query head against such keys ([`unrotate`](Self::unrotate) of the query) and
+    /// each output head of a sum of such values (the same map).
+    pub fn rotated(&self) -> bool {
+        self.kv_type == KvType::Q8_0
+    }
+
+    /// `x ← H x / n` per head of `x` (`n` = [`rotation_len`] of the head, an exact
+    /// division): a query head matched to rotated keys, or a weighted sum of rotated
+    /// values rotated back (the transform is its own inverse up to `n`). The reference
+    /// every backend's twin equals bit for bit.
+    pub fn unrotate(x: &mut [f32]) {
+        let n = rotation_len(x.len());
+        hadamard(x, n);
+        let inv = 1.0 / n as f32;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// The rotation length of a `q8_0` head of `head_dim` values: the largest power of two
+/// dividing it (64 for SmolLM2, 256 for Gemma 3; at least 32, since `head_dim` is a
+/// multiple of 32).
+pub fn rotation_len(head_dim: usize) -> usize {
+    1 << head_dim.trailing_zeros().min(usize::BITS - 1)
+}
+
+/// The unnormalised Walsh–Hadamard transform of each `n`-value run of `x`, in place:
+/// `x ← H_n x` with `H_n` the ±1 Sylvester matrix (`H_n H_n = n I`), by `log₂ n` butterfly
+/// stages in f32. `n` is a power of two and `x.len()` a multiple of it.
+///
+/// Why: a `q8_0` block's scale is set by its largest magnitude, and the keys of a
+/// transformer have a few channels far larger than the rest (SmolLM2's measured mean KLD
+/// with plain q8_0 keys was 7.9e-4, four times the budget). Rotating a head spreads such
+/// a channel over all of it before the scales are chosen (the idea of QuaRot and of
+/// llama.cpp's rotated caches). The rotation is orthogonal up to the factor `n`, a power
+/// of two, so attention rotates each query head the same way and divides by `n` exactly:
+/// `(H q)·(H k) / n = q·k`; a weighted sum of rotated values is rotated back with the same
+/// transform (`H (Σ p H v) / n = Σ p v`).
+pub fn hadamard(x: &mut [f32], n: usize) {
+    for run in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        if n >= 8 {
+            // The stages within 8 values, on fixed-size chunks the compiler unrolls.
+            for c in run.chunks_exact_mut(8) {
+                for h in [1, 2, 4] {
+                    for i in (0..8).filter(|i| i & h == 0) {
+                        (c[i], c[i + h]) = (c[i] + c[i + h], c[i] - c[i + h]);
+                    }
+                }
+            }
+            h = 8;
+        }
+        while h < n {
+            // Each stage pairs the two halves of every `2h` run, written as slices so
+            // the compiler vectorises the butterflies (no index arithmetic, no bounds
+            // checks): every value is still the one sum or difference of its pair.
+            for pair in run.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, b) in lo.iter_mut().zip(hi) {
+                    (*a, *b) = (*a + *b, *a - *b);
+                }
+            }
+            h *= 2;
+        }
+    }
+}
+
+/// Encodes one `q8_0` row `y` (heads of `head_dim` values, overwritten) into `out`: each
+/// head rotated by [`hadamard`] over [`rotation_len`] values, less the rotated key offset
+/// `t_b` of its block when `shift` gives the offsets, the model layer and the position
+/// (`offsets.rs`), then quantised block by block ([`BlockQ8_0::encode`]).
+pub(super) fn encode_q8_0_row(
+    y: &mut [f32],
+    head_dim: usize,
+    shift: Option<(&KeyOffsets, usize, usize)>,
+    out: &mut [BlockQ8_0],
+) {
+    hadamard(y, rotation_len(head_dim));
+    if let Some((offsets, layer, pos)) = shift {
+        for (h, head) in y.chunks_exact_mut(head_dim).enumerate() {
+            let t_b = offsets
+                .rotated(layer, pos, h)
+                .expect("the store checked its offsets cover its layers and max_ctx");
+            head.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
+        }
+    }
+    for (block, o) in y.chunks_exact(Q8_0_BLOCK).zip(out) {
+        *o = BlockQ8_0::encode(block);
+    }
+}
+
+/// One row (or any whole number of heads) of `head_dim`-value heads as stored in `q8_0`:
+/// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
+/// by block ([`BlockQ8_0::encode`]).
+pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
+    let mut y = x.to_vec();
+    hadamard(&mut y, rotation_len(head_dim));
+    y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `hadamard` is the product by the Sylvester matrix, `H[i][j] = (−1)^popcount(i & j)`,
+    /// computed here from that definition. Small integers keep every sum exact, so the
+    /// two must agree exactly, run by run.
+    #[test]
+    fn hadamard_is_the_sylvester_matrix_product() {
+        for n in [1usize, 2, 4, 8, 32, 64, 128, 256] {
+            let x: Vec<f32> = (0..3 * n)
+                .map(|i| ((i * 7919) % 23) as f32 - 11.0)
+                .collect();
+            let mut y = x.clone();
+            hadamard(&mut y, n);
+            for (run, out) in x.chunks_exact(n).zip(y.chunks_exact(n)) {
+                for (i, &o) in out.iter().enumerate() {
+                    let want: f32 = (run.iter().enumerate())
+                        .map(|(j, &v)| if (i & j).count_ones() % 2 == 0 { v } else { -v })
+                        .sum();
+                    assert_eq!(o, want, "n {n}, output {i}");
+                }
+            }
+            // Its own inverse up to n.
+            hadamard(&mut y, n);
+            let back: Vec<f32> = y.iter().map(|v| v / n as f32).collect();
+            assert_eq!(back, x, "n {n}: H H x / n");
+        }
+    }
+}
