@@ -12,20 +12,17 @@ use kvcore::model::{self, Activations, Generation, Llama, Sampler, SamplerParams
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{Backend, KvStore, KvType, Session};
 use kvcore_engine::TextPieces;
-use kvcore_fetch as fetch;
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The model file: the argument (a path, or `smollm2` / `gemma3`:
-/// [`kvcore_engine::resolve_model`]); without one, `$KVCORE_MODEL`, else the cached
-/// SmolLM2 (fetched).
+/// [`kvcore_engine::resolve_model`]); without one, `smollm2` (`$KVCORE_MODEL`, else the
+/// cached SmolLM2, fetched).
 pub(crate) fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match arg {
-        Some(p) => Ok(kvcore_engine::resolve_model(p)?),
-        None => Ok(fetch::smollm2_path()?),
-    }
+    let name = arg.as_deref().unwrap_or(Path::new("smollm2"));
+    Ok(kvcore_engine::resolve_model(name)?)
 }
 
 pub(crate) fn open(path: &Path) -> anyhow::Result<GgufFile> {

