@@ -54,7 +54,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<ExitCode> {
         sampler,
         args: a,
     };
-    backends::dispatch(job.args.model.backend, threads, job)
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
 }
 
 struct ChatJob {

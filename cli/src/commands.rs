@@ -79,6 +79,7 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         model,
         backend: a.backend,
         threads: a.threads,
+        kernels: a.kernels,
     };
     let threads = threads(&m)?;
     let file = open(&model_path(&m.model)?)?;
@@ -95,7 +96,7 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
             Ok(model.embed(&self.ids)?)
         }
     }
-    let v = backends::dispatch(m.backend, threads, Embed { file, ids })?;
+    let v = backends::dispatch(m.backend, threads, m.kernels, Embed { file, ids })?;
     println!("{}", serde_json::to_string(&v)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -482,7 +483,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
         sampler,
         args: a,
     };
-    backends::dispatch(job.args.model.backend, threads, job)
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
 }
 
 struct GenerateJob {
@@ -579,6 +580,7 @@ pub fn stats_json<K: KvStore + ?Sized>(
         "kv_type": kv_types_name(kv.kv_types()),
         "peak_rss_bytes": peak_rss_bytes(),
         "backend": s.backend,
+        "kernels": s.kernels,
         "threads": s.threads,
         "activations": acts.name(),
         "prompt_token_count": s.prompt_tokens,
@@ -618,7 +620,7 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
         s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.generated_tokens,
     );
     eprintln!(
-        "[kv {} {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
+        "[kv {} {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads ({}), {} activations]",
         kv_types_name(kv.kv_types()),
         mib(s.kv_bytes),
         s.kv_capacity,
@@ -627,6 +629,7 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
         peak_rss_bytes() as f64 / (1024.0 * 1024.0),
         s.backend,
         s.threads,
+        s.kernels,
         acts.name()
     );
 }
@@ -672,7 +675,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
         ctx: a.ctx.unwrap_or(usize::MAX),
         sequences: a.sequences.clone(),
     };
-    let rows = crate::bench::run(&path, &a.backend, &threads, &plan)?;
+    let rows = crate::bench::run(&path, &a.backend, &a.kernels, &threads, &plan)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
