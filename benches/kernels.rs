@@ -27,8 +27,11 @@
 //! - `bandwidth`: a plain sum over a 256 MiB buffer (far beyond the caches), on 1 and 2
 //!   threads: this machine's memory read limit.
 //!
-//! `rayon` is `Rayon<Simd>` on 2 threads. Short measurement settings: the machine is
-//! shared. Run: `cargo bench --bench kernels`.
+//! `simd` is `Simd::best()`, `rayon` is `Rayon<Simd>` on 2 threads. Where the best path
+//! is `avx512`, the kernels with AVX-512F twins (`gemm_few`, `attention`,
+//! `attention_prefill`) also run as `simd-avx2`, the AVX2 kernels alone, so the two
+//! paths compare in one run. Short measurement settings: the machine is shared. Run:
+//! `cargo bench --bench kernels`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -47,7 +50,7 @@ use kvcore::ndarray::Array3;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_scalar::quant::quantize_row;
-use kvcore_simd::Simd;
+use kvcore_simd::{Simd, SimdPath};
 use kvcore_test_support::conformance::cases::Encoded;
 
 /// GEMV shapes `[rows, cols]`.
@@ -100,24 +103,37 @@ fn matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     bytes
 }
 
-/// The three backends under comparison.
+/// The three backends under comparison, and the AVX2 kernels alone where `simd` runs
+/// their AVX-512F twins.
 struct Backends {
     scalar: Scalar,
     simd: Simd,
     rayon: Rayon<Simd>,
+    avx2: Option<Simd>,
 }
 
 impl Backends {
     fn new() -> Self {
+        let simd = Simd::best();
         Backends {
             scalar: Scalar::new(),
-            simd: Simd::new(),
-            rayon: Rayon::new(Simd::new(), 2).expect("rayon pool"),
+            simd,
+            rayon: Rayon::new(simd, 2).expect("rayon pool"),
+            avx2: (simd.path() == SimdPath::Avx512)
+                .then(|| Simd::with_path(SimdPath::Avx2Fma))
+                .flatten(),
         }
     }
 
     fn each(&self) -> [&dyn Backend; 3] {
         [&self.scalar, &self.simd, &self.rayon]
+    }
+
+    /// `simd` by name, then `simd-avx2` where there is one.
+    fn simds(&self) -> impl Iterator<Item = (&'static str, &Simd)> {
+        [("simd", &self.simd)]
+            .into_iter()
+            .chain(self.avx2.as_ref().map(|s| ("simd-avx2", s)))
     }
 }
 
@@ -264,10 +280,12 @@ fn gemm_few(c: &mut Criterion) {
                 let x = values(n * cols, 3);
                 let mut y = vec![0.0f32; n * rows];
                 group.throughput(Throughput::Elements((n * rows * cols) as u64));
-                let id = BenchmarkId::new(b.simd.name(), format!("{rows}x{cols}/n{n}"));
-                group.bench_function(id, |bench| {
-                    bench.iter(|| b.simd.gemm(&w, black_box(&x), &mut y).expect("gemm"))
-                });
+                for (name, simd) in b.simds() {
+                    let id = BenchmarkId::new(name, format!("{rows}x{cols}/n{n}"));
+                    group.bench_function(id, |bench| {
+                        bench.iter(|| simd.gemm(&w, black_box(&x), &mut y).expect("gemm"))
+                    });
+                }
             }
         }
         group.finish();
@@ -303,8 +321,9 @@ fn attention(c: &mut Criterion) {
             let mut out = Array3::<f32>::zeros((1, HEADS, HEAD_DIM));
             let params = AttnParams::causal(HEAD_DIM);
             group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * n) as u64));
-            for be in b.each() {
-                let id = BenchmarkId::new(format!("{}/{ty}", be.name()), n);
+            let avx2 = b.simds().skip(1).map(|(name, s)| (name, s as &dyn Backend));
+            for (name, be) in b.each().map(|be| (be.name(), be)).into_iter().chain(avx2) {
+                let id = BenchmarkId::new(format!("{name}/{ty}"), n);
                 group.bench_function(id, |bench| {
                     bench.iter(|| {
                         be.attention(black_box(q.view()), &[n - 1], &kv, &params, out.view_mut())
@@ -332,11 +351,11 @@ fn attention_prefill(c: &mut Criterion) {
         let params = AttnParams::causal(HEAD_DIM);
         let pairs: usize = positions.iter().map(|p| p + 1).sum();
         group.throughput(Throughput::Elements((4 * HEADS * HEAD_DIM * pairs) as u64));
-        let id = BenchmarkId::new(format!("simd/{ty}"), format!("{rows}q/{n}"));
-        group.bench_function(id, |bench| {
-            bench.iter(|| {
-                (b.simd)
-                    .attention(
+        for (name, simd) in b.simds() {
+            let id = BenchmarkId::new(format!("{name}/{ty}"), format!("{rows}q/{n}"));
+            group.bench_function(id, |bench| {
+                bench.iter(|| {
+                    simd.attention(
                         black_box(q.view()),
                         &positions,
                         &kv,
@@ -344,8 +363,9 @@ fn attention_prefill(c: &mut Criterion) {
                         out.view_mut(),
                     )
                     .expect("attention")
-            })
-        });
+                })
+            });
+        }
     }
     group.finish();
 }

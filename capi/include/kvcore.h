@@ -89,6 +89,10 @@ typedef struct kvcore_model_params {
     const char *kv_type;
     // KV store: `"grow"` (default: grows on demand) or `"dense"` (preallocated).
     const char *kv_store;
+    // SIMD kernels of the simd and rayon backends: `"avx512"`, `"avx2"`, `"neon"`,
+    // `"simd128"` or `"scalar"`; NULL or `""` (the default): the best this CPU runs. A
+    // path this CPU does not run is `KVCORE_ERR_INVALID_ARGUMENT`.
+    const char *kernels;
 } kvcore_model_params;
 
 // One chat message.
@@ -232,6 +236,14 @@ size_t kvcore_model_embedding_size(const struct kvcore_model *model);
 // # Safety
 // `model` is NULL or a live model.
 const char *kvcore_model_backend(const struct kvcore_model *model);
+
+// The kernels that compute: `"simd/avx512"`, `"simd/avx2"`, `"simd/neon"`, ... on the
+// simd and rayon backends, `"scalar"` on the scalar one ("" for NULL; valid until the
+// model is freed).
+//
+// # Safety
+// `model` is NULL or a live model.
+const char *kvcore_model_kernels(const struct kvcore_model *model);
 
 // The backend's threads (0 for NULL).
 //

@@ -27,7 +27,7 @@ use kvcore_engine::kvcore::model::{Sampler, SamplerParams};
 use kvcore_engine::kvcore::tokenizer::ChatMessage;
 use kvcore_engine::{
     Engine, EngineSession, Error, ErrorKind, FinishReason, GenerateParams, Options,
-    parse_activations, parse_kv_type,
+    parse_activations, parse_kernels, parse_kv_type,
 };
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -85,6 +85,8 @@ pub enum kvcore_finish_reason {
 /// the model alive: `kvcore_model_free` may come before the sessions' frees.
 pub struct kvcore_model {
     engine: Arc<Engine>,
+    /// `Engine::kernel_path`, for `kvcore_model_kernels`.
+    kernels: CString,
 }
 
 /// The KV cache of one sequence and the ids it holds. One call at a time (any thread).
@@ -114,6 +116,10 @@ pub struct kvcore_model_params {
     pub kv_type: *const c_char,
     /// KV store: `"grow"` (default: grows on demand) or `"dense"` (preallocated).
     pub kv_store: *const c_char,
+    /// SIMD kernels of the simd and rayon backends: `"avx512"`, `"avx2"`, `"neon"`,
+    /// `"simd128"` or `"scalar"`; NULL or `""` (the default): the best this CPU runs. A
+    /// path this CPU does not run is `KVCORE_ERR_INVALID_ARGUMENT`.
+    pub kernels: *const c_char,
 }
 
 /// The sampler chain, in llama.cpp's order: repetition penalties, top-k, top-p, min-p,
@@ -491,6 +497,7 @@ pub extern "C" fn kvcore_model_default_params() -> kvcore_model_params {
         activations: ptr::null(),
         kv_type: ptr::null(),
         kv_store: ptr::null(),
+        kernels: ptr::null(),
     };
     guard_value(DEFAULTS, || Some(DEFAULTS))
 }
@@ -514,12 +521,13 @@ pub unsafe extern "C" fn kvcore_model_load(
         // SAFETY: NULL or valid, by the contract.
         let p = unsafe { params.as_ref() }.unwrap_or(&defaults);
         // SAFETY: the struct's strings are NULL or NUL-terminated, by the contract.
-        let (backend, activations, kv_type, kv_store) = unsafe {
+        let (backend, activations, kv_type, kv_store, kernels) = unsafe {
             (
                 text_or(p.backend, "rayon", "params.backend")?,
                 text_or(p.activations, "f32", "params.activations")?,
                 text_or(p.kv_type, "f32", "params.kv_type")?,
                 text_or(p.kv_store, "grow", "params.kv_store")?,
+                text_or(p.kernels, "", "params.kernels")?,
             )
         };
         if out.is_null() {
@@ -527,6 +535,10 @@ pub unsafe extern "C" fn kvcore_model_load(
         }
         let options = Options {
             backend: backend.parse().map_err(invalid)?,
+            kernels: match kernels {
+                "" => None,
+                name => Some(parse_kernels(name).map_err(invalid)?),
+            },
             threads: (p.threads != 0).then_some(p.threads as usize),
             activations: parse_activations(activations).map_err(invalid)?,
             kv_types: {
@@ -536,8 +548,10 @@ pub unsafe extern "C" fn kvcore_model_load(
             kv: kv_store.parse().map_err(invalid)?,
         };
         let engine = Engine::load(path, options)?;
+        let kernels = CString::new(engine.kernel_path()).map_err(|e| invalid(e.to_string()))?;
         let model = Box::new(kvcore_model {
             engine: Arc::new(engine),
+            kernels,
         });
         // SAFETY: checked non-NULL; writable by the contract.
         unsafe { write(out, Box::into_raw(model), "out") }
@@ -588,7 +602,7 @@ pub unsafe extern "C" fn kvcore_model_context_length(model: *const kvcore_model)
 pub unsafe extern "C" fn kvcore_model_embedding_size(model: *const kvcore_model) -> usize {
     // SAFETY: the caller's contract.
     guard_value(0, || {
-        unsafe { model.as_ref() }.map(|m| m.engine.model().config().d_model)
+        unsafe { model.as_ref() }.map(|m| m.engine.config().d_model)
     })
 }
 
@@ -609,6 +623,20 @@ pub unsafe extern "C" fn kvcore_model_backend(model: *const kvcore_model) -> *co
             };
             name.as_ptr()
         })
+    })
+}
+
+/// The kernels that compute: `"simd/avx512"`, `"simd/avx2"`, `"simd/neon"`, ... on the
+/// simd and rayon backends, `"scalar"` on the scalar one ("" for NULL; valid until the
+/// model is freed).
+///
+/// # Safety
+/// `model` is NULL or a live model.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvcore_model_kernels(model: *const kvcore_model) -> *const c_char {
+    // SAFETY: the caller's contract.
+    guard_value(c"".as_ptr(), || {
+        unsafe { model.as_ref() }.map(|m| m.kernels.as_ptr())
     })
 }
 
@@ -1243,6 +1271,17 @@ mod tests {
         let status = unsafe { kvcore_model_load(c"smollm2".as_ptr(), &p, &mut out) };
         assert_eq!(status, kvcore_status::KVCORE_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("\"cuda\""), "{}", last_error());
+        assert!(out.is_null());
+        let mut p = kvcore_model_default_params();
+        p.kernels = c"avx".as_ptr();
+        // SAFETY: valid strings and out pointer.
+        let status = unsafe { kvcore_model_load(c"smollm2".as_ptr(), &p, &mut out) };
+        assert_eq!(status, kvcore_status::KVCORE_ERR_INVALID_ARGUMENT);
+        assert!(
+            last_error().contains("unknown kernels \"avx\""),
+            "{}",
+            last_error()
+        );
         assert!(out.is_null());
         // SAFETY: a path that does not exist.
         let status = unsafe {

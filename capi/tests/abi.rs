@@ -70,6 +70,9 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 #[test]
 fn golden_greedy_continuation_through_prefill_sample_decode() {
     let model = load(c"simd");
+    // SAFETY: a live model; the string lives as long as it.
+    let kernels = unsafe { CStr::from_ptr(kvcore_model_kernels(model)) };
+    assert!(kernels.to_bytes().starts_with(b"simd/"), "{kernels:?}");
     let mut sp = kvcore_sampler_default_params();
     sp.temperature = 0.0;
     let mut sampler = ptr::null_mut();

@@ -1,15 +1,38 @@
-//! Choosing a backend and a KV store by name at run time.
+//! Choosing a backend, its kernels and a KV store by name at run time.
 //!
 //! The library is generic (`Llama<B: Backend>`, `forward<K: KvStore>`); this is the one
 //! place that turns a name into a type. A [`Job`] is code generic over the backend; the
 //! dispatcher instantiates it once per backend, so the hot loops stay monomorphised.
+//! The kernel path comes from `--kernels`, or from the environment ([`kernels`]): the
+//! CLI is the one place that reads it.
 
+use anyhow::anyhow;
 use kvcore::Backend;
 use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 
-pub use kvcore_engine::{BackendChoice, KvChoice, parse_activations, parse_kv_type};
+pub use kvcore_engine::{
+    BackendChoice, KvChoice, SimdPath, parse_activations, parse_kernels, parse_kv_type,
+};
+
+/// The kernel path of `backend`: `flag` (`--kernels`) when given, else what the
+/// environment names for the SIMD backends: `KVCORE_SIMD=NAME` (a path by name), or
+/// `KVCORE_AVX512=0` (the AVX2 kernels where the best path would be `avx512`, to measure
+/// them on one machine); else `None`, the best path this CPU runs.
+pub fn kernels(backend: BackendChoice, flag: Option<SimdPath>) -> anyhow::Result<Option<SimdPath>> {
+    if flag.is_some() || backend == BackendChoice::Scalar {
+        return Ok(flag);
+    }
+    let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(name) = var("KVCORE_SIMD") {
+        let path = parse_kernels(name.trim()).map_err(|e| anyhow!("KVCORE_SIMD: {e}"))?;
+        return Ok(Some(path));
+    }
+    let avx2 = var("KVCORE_AVX512").is_some_and(|v| v.trim() == "0")
+        && Simd::best().path() == SimdPath::Avx512;
+    Ok(avx2.then_some(SimdPath::Avx2Fma))
+}
 
 /// Parses `--logit-bias ID(+|-)BIAS` as llama.cpp does: `15043+1`, `15043-0.5`,
 /// `2-inf` (never pick token 2).
@@ -37,16 +60,21 @@ pub trait Job {
     fn run<B: Backend>(self, b: B) -> anyhow::Result<Self::Output>;
 }
 
-/// Runs `job` with the backend `choice` names (`threads` applies to `rayon`).
+/// Runs `job` with the backend `choice` names (`threads` applies to `rayon`) on the
+/// kernel path [`kernels`] gives for `--kernels` (`flag`).
 pub fn dispatch<J: Job>(
     choice: BackendChoice,
     threads: usize,
+    flag: Option<SimdPath>,
     job: J,
 ) -> anyhow::Result<J::Output> {
+    let simd = choice
+        .simd(kernels(choice, flag)?)
+        .map_err(anyhow::Error::msg)?;
     match choice {
         BackendChoice::Scalar => job.run(Scalar::new()),
-        BackendChoice::Simd => job.run(Simd::new()),
-        BackendChoice::Rayon => job.run(Rayon::new(Simd::new(), threads)?),
+        BackendChoice::Simd => job.run(simd),
+        BackendChoice::Rayon => job.run(Rayon::new(simd, threads)?),
     }
 }
 

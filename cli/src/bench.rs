@@ -1,10 +1,10 @@
 //! `kvcore bench`: prompt-processing and token-generation throughput, in the spirit of
 //! llama-bench.
 //!
-//! For every (backend, threads) pair, every depth D and every test — `pp N` (one batched
-//! forward pass of N prompt tokens) and `tg N` (N one-token decode steps) — it runs a
-//! warm-up and then `reps` timed repetitions and reports the median and the spread
-//! (min–max) in tokens per second. At depth D (llama-bench's `-d`) the cache first holds D
+//! For every (backend, kernel path, threads) triple, every depth D and every test — `pp
+//! N` (one batched forward pass of N prompt tokens) and `tg N` (N one-token decode steps)
+//! — it runs a warm-up and then `reps` timed repetitions and reports the median and the
+//! spread (min–max) in tokens per second. At depth D (llama-bench's `-d`) the cache first holds D
 //! positions, prefilled once and untimed; each repetition starts from a fork of that
 //! store (at depth 0, a fresh one). Token ids are a fixed pseudo-random sequence, as
 //! llama-bench uses random tokens.
@@ -15,7 +15,7 @@
 //! aggregate rate `S·N / time` is reported (test `tg N x S`). `S = 1` is the plain decode
 //! loop.
 
-use crate::backends::{self, BackendChoice, Job, KvChoice};
+use crate::backends::{self, BackendChoice, Job, KvChoice, SimdPath};
 use crate::commands::peak_rss_bytes;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,6 +28,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BenchRow {
     pub backend: String,
+    /// The kernels that ran (`Backend::kernel_path`): `"simd/avx512"`, `"scalar"`, ...
+    pub kernels: String,
     pub threads: usize,
     pub kv: String,
     /// The cache's element types: `"q8_0"`, or `"f16/q8_0"` (K/V) when they differ.
@@ -173,6 +175,7 @@ impl Job for BenchJob<'_> {
             }
             rows.push(BenchRow {
                 backend: model.backend().name().to_string(),
+                kernels: model.backend().kernel_path().to_string(),
                 threads: model.backend().threads(),
                 kv: self.plan.kv.to_string(),
                 kv_type: crate::commands::kv_types_name(types),
@@ -243,23 +246,33 @@ fn time_batched<B: Backend>(
     Ok((secs, stores.iter().map(|kv| kv.bytes()).sum()))
 }
 
-/// Runs the plan for every backend and thread count.
+/// Runs the plan for every backend, kernel path (none given: the default one) and
+/// thread count.
 pub fn run(
     path: &std::path::Path,
     backends_list: &[BackendChoice],
+    kernels_list: &[SimdPath],
     threads_list: &[usize],
     plan: &Plan,
 ) -> anyhow::Result<Vec<BenchRow>> {
+    let kernels_list: Vec<Option<SimdPath>> = match kernels_list {
+        [] => vec![None],
+        list => list.iter().copied().map(Some).collect(),
+    };
     let mut combos = Vec::new();
     for &b in backends_list {
-        for &t in threads_list {
-            if t == 0 {
-                bail!("--threads must be at least 1");
-            }
-            // Only rayon uses more than one thread; measure the others once.
-            let t = if b == BackendChoice::Rayon { t } else { 1 };
-            if !combos.contains(&(b, t)) {
-                combos.push((b, t));
+        for &k in &kernels_list {
+            for &t in threads_list {
+                if t == 0 {
+                    bail!("--threads must be at least 1");
+                }
+                // Only rayon uses more than one thread and only simd and rayon have
+                // kernel paths; measure the others once.
+                let t = if b == BackendChoice::Rayon { t } else { 1 };
+                let k = if b == BackendChoice::Scalar { None } else { k };
+                if !combos.contains(&(b, k, t)) {
+                    combos.push((b, k, t));
+                }
             }
         }
     }
@@ -274,12 +287,14 @@ pub fn run(
             .expect("valid template"),
     );
     let mut rows = Vec::new();
-    for (b, t) in combos {
-        bar.set_message(format!("{b} x{t}"));
+    for (b, k, t) in combos {
+        let on = k.map_or(String::new(), |k| format!(" {k}"));
+        bar.set_message(format!("{b}{on} x{t}"));
         let file = GgufFile::open(path)?;
         rows.extend(backends::dispatch(
             b,
             t,
+            k,
             BenchJob {
                 file,
                 plan,
@@ -294,12 +309,13 @@ pub fn run(
 /// The rows as a markdown table.
 pub fn markdown(rows: &[BenchRow]) -> String {
     let mut s = String::from(
-        "| backend | threads | kv | kv type | acts | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---:|---|---|---|---|---:|---:|---:|---:|\n",
+        "| backend | kernels | threads | kv | kv type | acts | test | t/s (median) | min–max | kv MiB | peak RSS MiB |\n|---|---|---:|---|---|---|---|---:|---:|---:|---:|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {:.2} | {:.1} |\n",
             r.backend,
+            r.kernels,
             r.threads,
             r.kv,
             r.kv_type,

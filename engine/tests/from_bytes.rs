@@ -2,7 +2,7 @@
 //! WebAssembly hosts): the same model as `Engine::load` of the path, checked against the
 //! independent reference's greedy continuations, and clear errors for bad bytes.
 
-use kvcore_engine::{BackendChoice, Engine, ErrorKind, GenerateParams, Options};
+use kvcore_engine::{BackendChoice, Engine, ErrorKind, GenerateParams, Options, SimdPath};
 use serde_json::Value;
 
 fn options() -> Options {
@@ -41,6 +41,7 @@ fn from_bytes_generates_the_reference_continuations() {
     let bytes = std::fs::read(&path).expect("read SmolLM2");
     let engine = Engine::from_bytes(bytes, options()).expect("load from bytes");
     assert_eq!(engine.path().to_str(), Some("<memory>"));
+    assert!(engine.kernel_path().starts_with("simd/"), "{engine:?}");
     for (prompt, greedy) in reference() {
         let mut session = engine.new_session(None).expect("session");
         let mut params = GenerateParams::default();
@@ -64,6 +65,22 @@ fn from_bytes_names_what_is_wrong() {
     assert!(e.message().contains("<memory>"), "{e}");
     let e = Engine::from_bytes(Vec::new(), options()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ModelFile, "{e}");
+    // Another architecture's kernels: refused, naming them, before the bytes are read.
+    let foreign = if cfg!(target_arch = "x86_64") {
+        SimdPath::Neon
+    } else {
+        SimdPath::Avx2Fma
+    };
+    let other = Options {
+        kernels: Some(foreign),
+        ..options()
+    };
+    let e = Engine::from_bytes(Vec::new(), other).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.message().contains(&format!("the {foreign} kernels")),
+        "{e}"
+    );
     let zero = Options {
         threads: Some(0),
         ..options()

@@ -229,6 +229,13 @@ pub trait Backend: Send + Sync {
     /// A short name for reports: `"scalar"`, `"simd"`, `"rayon"`.
     fn name(&self) -> &'static str;
 
+    /// The kernels that compute, for reports: a backend with several kernel paths names
+    /// the one it runs (`"simd/avx512"`, `"simd/avx2"`), a backend that hands its work
+    /// to another names that one's. The default is [`name`](Backend::name).
+    fn kernel_path(&self) -> &'static str {
+        self.name()
+    }
+
     /// Worker threads this backend computes with.
     fn threads(&self) -> usize {
         1
@@ -440,103 +447,338 @@ pub trait Backend: Send + Sync {
     -> Result<(), ShapeError>;
 }
 
+/// The methods a reference to a backend forwards to it, each calling `(**self)`'s: those
+/// of both impls below.
+macro_rules! forward_to_referent {
+    () => {
+        fn name(&self) -> &'static str {
+            (**self).name()
+        }
+        fn kernel_path(&self) -> &'static str {
+            (**self).kernel_path()
+        }
+        fn threads(&self) -> usize {
+            (**self).threads()
+        }
+        fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).gemv(w, x, y)
+        }
+        fn quantize_q8(
+            &self,
+            layout: Q8Layout,
+            x: &[f32],
+            out: &mut Q8Acts,
+        ) -> Result<(), ShapeError> {
+            (**self).quantize_q8(layout, x, out)
+        }
+        fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).gemv_q8(w, x, y)
+        }
+        fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).gemm_q8(w, x, y)
+        }
+        fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).gemm(w, x, y)
+        }
+        fn rope(
+            &self,
+            x: &mut [f32],
+            head_dim: usize,
+            positions: &[usize],
+            rope: &Rope,
+        ) -> Result<(), ShapeError> {
+            (**self).rope(x, head_dim, positions, rope)
+        }
+        fn attention(
+            &self,
+            q: ArrayView3<'_, f32>,
+            q_pos: &[usize],
+            kv: &KvView<'_>,
+            params: &AttnParams,
+            out: ArrayViewMut3<'_, f32>,
+        ) -> Result<(), ShapeError> {
+            (**self).attention(q, q_pos, kv, params, out)
+        }
+        fn attention_batch(
+            &self,
+            jobs: &mut [AttnJob<'_>],
+            params: &AttnParams,
+        ) -> Result<(), ShapeError> {
+            (**self).attention_batch(jobs, params)
+        }
+        fn gemm_rows_alone_from(&self) -> Option<usize> {
+            (**self).gemm_rows_alone_from()
+        }
+        fn attention_part_len(&self) -> Option<usize> {
+            (**self).attention_part_len()
+        }
+        fn attention_part(
+            &self,
+            q: ArrayView3<'_, f32>,
+            q_pos: &[usize],
+            kv: &KvView<'_>,
+            params: &AttnParams,
+            out: ArrayViewMut3<'_, f32>,
+            stats: &mut [PartStat],
+        ) -> Result<(), ShapeError> {
+            (**self).attention_part(q, q_pos, kv, params, out, stats)
+        }
+        fn rms_norm(
+            &self,
+            x: &[f32],
+            weight: &[f32],
+            eps: f32,
+            out: &mut [f32],
+        ) -> Result<(), ShapeError> {
+            (**self).rms_norm(x, weight, eps, out)
+        }
+        fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).swiglu(gate, up, out)
+        }
+        fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
+            (**self).geglu(gate, up, out)
+        }
+        fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
+            (**self).add(acc, x)
+        }
+        fn softmax(&self, x: &mut [f32]) {
+            (**self).softmax(x)
+        }
+        fn embed_row(
+            &self,
+            table: &Weights<'_>,
+            row: usize,
+            out: &mut [f32],
+        ) -> Result<(), ShapeError> {
+            (**self).embed_row(table, row, out)
+        }
+    };
+}
+
 /// A shared reference to a backend is a backend: one backend can serve several models.
-///
-/// `B` may be unsized (`&dyn Backend`), so [`Backend::scope`] cannot forward to it: a
-/// borrowed backend runs `f` in the caller's context. Own the backend (`Llama<Rayon<_>>`)
-/// where that matters.
-impl<B: Backend + ?Sized> Backend for &B {
-    fn name(&self) -> &'static str {
-        (**self).name()
+/// Every method forwards to `B`'s, so a model on `&B` computes as one on `B`.
+impl<B: Backend> Backend for &B {
+    forward_to_referent!();
+
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        (**self).scope(f)
     }
-    fn threads(&self) -> usize {
-        (**self).threads()
-    }
-    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).gemv(w, x, y)
-    }
-    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        (**self).quantize_q8(layout, x, out)
-    }
-    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).gemv_q8(w, x, y)
-    }
-    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).gemm_q8(w, x, y)
-    }
-    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).gemm(w, x, y)
-    }
-    fn rope(
+
+    fn join<A: Send, C: Send>(
         &self,
-        x: &mut [f32],
-        head_dim: usize,
-        positions: &[usize],
-        rope: &Rope,
-    ) -> Result<(), ShapeError> {
-        (**self).rope(x, head_dim, positions, rope)
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> C + Send,
+    ) -> (A, C) {
+        (**self).join(a, b)
     }
-    fn attention(
-        &self,
-        q: ArrayView3<'_, f32>,
-        q_pos: &[usize],
-        kv: &KvView<'_>,
-        params: &AttnParams,
-        out: ArrayViewMut3<'_, f32>,
-    ) -> Result<(), ShapeError> {
-        (**self).attention(q, q_pos, kv, params, out)
+}
+
+/// A reference to a trait object is a backend too. [`Backend::scope`] and
+/// [`Backend::join`] are generic, so a `dyn Backend` has neither: through it, `scope`
+/// runs `f` in the caller's context and `join` runs `a`, then `b` (the same results).
+/// Every other method forwards. Use `&B` or own the backend (`Llama<Rayon<_>>`) where
+/// the thread pool's scope matters.
+impl<'a> Backend for &(dyn Backend + 'a) {
+    forward_to_referent!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A backend that records the name of every method called on it (and computes
+    /// nothing), each overridden, so that a call through `&Recorder` that reaches a
+    /// default instead of `Recorder`'s method shows as a missing name.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<&'static str>>);
+
+    impl Recorder {
+        fn saw(&self, method: &'static str) {
+            self.0.lock().expect("not poisoned").push(method);
+        }
     }
-    fn attention_batch(
-        &self,
-        jobs: &mut [AttnJob<'_>],
-        params: &AttnParams,
-    ) -> Result<(), ShapeError> {
-        (**self).attention_batch(jobs, params)
+
+    impl Backend for Recorder {
+        fn name(&self) -> &'static str {
+            self.saw("name");
+            "recorder"
+        }
+        fn kernel_path(&self) -> &'static str {
+            self.saw("kernel_path");
+            "recorder/path"
+        }
+        fn threads(&self) -> usize {
+            self.saw("threads");
+            7
+        }
+        fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+            self.saw("scope");
+            f()
+        }
+        fn join<A: Send, C: Send>(
+            &self,
+            a: impl FnOnce() -> A + Send,
+            b: impl FnOnce() -> C + Send,
+        ) -> (A, C) {
+            self.saw("join");
+            (a(), b())
+        }
+        fn gemv(&self, _: &Weights<'_>, _: &[f32], _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("gemv");
+            Ok(())
+        }
+        fn quantize_q8(&self, _: Q8Layout, _: &[f32], _: &mut Q8Acts) -> Result<(), ShapeError> {
+            self.saw("quantize_q8");
+            Ok(())
+        }
+        fn gemv_q8(&self, _: &Weights<'_>, _: &Q8Acts, _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("gemv_q8");
+            Ok(())
+        }
+        fn gemm_q8(&self, _: &Weights<'_>, _: &[Q8Acts], _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("gemm_q8");
+            Ok(())
+        }
+        fn gemm(&self, _: &Weights<'_>, _: &[f32], _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("gemm");
+            Ok(())
+        }
+        fn gemm_rows_alone_from(&self) -> Option<usize> {
+            self.saw("gemm_rows_alone_from");
+            Some(3)
+        }
+        fn rope(&self, _: &mut [f32], _: usize, _: &[usize], _: &Rope) -> Result<(), ShapeError> {
+            self.saw("rope");
+            Ok(())
+        }
+        fn attention(
+            &self,
+            _: ArrayView3<'_, f32>,
+            _: &[usize],
+            _: &KvView<'_>,
+            _: &AttnParams,
+            _: ArrayViewMut3<'_, f32>,
+        ) -> Result<(), ShapeError> {
+            self.saw("attention");
+            Ok(())
+        }
+        fn attention_batch(&self, _: &mut [AttnJob<'_>], _: &AttnParams) -> Result<(), ShapeError> {
+            self.saw("attention_batch");
+            Ok(())
+        }
+        fn attention_part_len(&self) -> Option<usize> {
+            self.saw("attention_part_len");
+            Some(5)
+        }
+        fn attention_part(
+            &self,
+            _: ArrayView3<'_, f32>,
+            _: &[usize],
+            _: &KvView<'_>,
+            _: &AttnParams,
+            _: ArrayViewMut3<'_, f32>,
+            _: &mut [PartStat],
+        ) -> Result<(), ShapeError> {
+            self.saw("attention_part");
+            Ok(())
+        }
+        fn rms_norm(&self, _: &[f32], _: &[f32], _: f32, _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("rms_norm");
+            Ok(())
+        }
+        fn swiglu(&self, _: &[f32], _: &[f32], _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("swiglu");
+            Ok(())
+        }
+        fn geglu(&self, _: &[f32], _: &[f32], _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("geglu");
+            Ok(())
+        }
+        fn add(&self, _: &mut [f32], _: &[f32]) -> Result<(), ShapeError> {
+            self.saw("add");
+            Ok(())
+        }
+        fn softmax(&self, _: &mut [f32]) {
+            self.saw("softmax");
+        }
+        fn embed_row(&self, _: &Weights<'_>, _: usize, _: &mut [f32]) -> Result<(), ShapeError> {
+            self.saw("embed_row");
+            Ok(())
+        }
     }
-    fn gemm_rows_alone_from(&self) -> Option<usize> {
-        (**self).gemm_rows_alone_from()
+
+    /// Every method of `B` called on `b`, as a generic caller (a model) calls them.
+    fn call_every_method<B: Backend>(b: &B) -> Result<(), ShapeError> {
+        let w = Weights::new(DType::F32, 0, 0, &[])?;
+        let params = AttnParams::causal(2);
+        let rope = Rope {
+            base: 10_000.0,
+            style: RopeStyle::Halves,
+        };
+        let kv = KvView::new(1, 2, Vec::new()).expect("an empty view");
+        let q = ndarray::Array3::<f32>::zeros((0, 1, 2));
+        let mut out = ndarray::Array3::<f32>::zeros((0, 1, 2));
+        let mut acts = Q8Acts::new();
+        assert_eq!(b.name(), "recorder");
+        assert_eq!(b.kernel_path(), "recorder/path");
+        assert_eq!(b.threads(), 7);
+        assert_eq!(b.scope(|| 1), 1);
+        assert_eq!(b.join(|| 1, || 2), (1, 2));
+        b.gemv(&w, &[], &mut [])?;
+        b.quantize_q8(Q8Layout::Q8_0, &[], &mut acts)?;
+        b.gemv_q8(&w, &acts, &mut [])?;
+        b.gemm_q8(&w, &[], &mut [])?;
+        b.gemm(&w, &[], &mut [])?;
+        assert_eq!(b.gemm_rows_alone_from(), Some(3));
+        b.rope(&mut [], 2, &[], &rope)?;
+        b.attention(q.view(), &[], &kv, &params, out.view_mut())?;
+        {
+            // A view of its own: a job holds its view and its output for one lifetime.
+            let kv = KvView::new(1, 2, Vec::new()).expect("an empty view");
+            let job = AttnJob {
+                q: q.view(),
+                q_pos: &[],
+                kv: &kv,
+                out: out.view_mut(),
+            };
+            b.attention_batch(&mut [job], &params)?;
+        }
+        assert_eq!(b.attention_part_len(), Some(5));
+        b.attention_part(q.view(), &[], &kv, &params, out.view_mut(), &mut [])?;
+        b.rms_norm(&[], &[], 1e-5, &mut [])?;
+        b.swiglu(&[], &[], &mut [])?;
+        b.geglu(&[], &[], &mut [])?;
+        b.add(&mut [], &[])?;
+        b.softmax(&mut []);
+        b.embed_row(&w, 0, &mut [])?;
+        Ok(())
     }
-    fn attention_part_len(&self) -> Option<usize> {
-        (**self).attention_part_len()
-    }
-    fn attention_part(
-        &self,
-        q: ArrayView3<'_, f32>,
-        q_pos: &[usize],
-        kv: &KvView<'_>,
-        params: &AttnParams,
-        out: ArrayViewMut3<'_, f32>,
-        stats: &mut [PartStat],
-    ) -> Result<(), ShapeError> {
-        (**self).attention_part(q, q_pos, kv, params, out, stats)
-    }
-    fn rms_norm(
-        &self,
-        x: &[f32],
-        weight: &[f32],
-        eps: f32,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        (**self).rms_norm(x, weight, eps, out)
-    }
-    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).swiglu(gate, up, out)
-    }
-    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        (**self).geglu(gate, up, out)
-    }
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
-        (**self).add(acc, x)
-    }
-    fn softmax(&self, x: &mut [f32]) {
-        (**self).softmax(x)
-    }
-    fn embed_row(
-        &self,
-        table: &Weights<'_>,
-        row: usize,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        (**self).embed_row(table, row, out)
+
+    /// `&B` forwards every method of the trait to `B`: each of `Recorder`'s overrides
+    /// runs once when called through a reference, none falls back to a default; through
+    /// `&dyn Backend`, every method but the generic `scope` and `join`.
+    #[test]
+    fn a_reference_forwards_every_method() {
+        let direct = Recorder::default();
+        call_every_method(&direct).expect("the recorder computes nothing");
+        let want = direct.0.into_inner().expect("not poisoned");
+        assert_eq!(want.len(), 22, "every method of the trait, called directly");
+
+        let rec = Recorder::default();
+        call_every_method::<&Recorder>(&&rec).expect("the recorder computes nothing");
+        let seen = rec.0.into_inner().expect("not poisoned");
+        assert_eq!(seen, want, "methods that did not reach B through &B");
+
+        let rec = Recorder::default();
+        call_every_method::<&dyn Backend>(&(&rec as &dyn Backend))
+            .expect("the recorder computes nothing");
+        let seen = rec.0.into_inner().expect("not poisoned");
+        let generic = ["scope", "join"];
+        let want: Vec<_> = want.into_iter().filter(|m| !generic.contains(m)).collect();
+        assert_eq!(
+            seen, want,
+            "methods that did not reach B through &dyn Backend"
+        );
     }
 }

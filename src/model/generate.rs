@@ -40,6 +40,8 @@ pub struct GenStats {
     pub kv_capacity: usize,
     /// Backend name.
     pub backend: String,
+    /// The kernels that computed (`Backend::kernel_path`: `"simd/avx512"`, ...).
+    pub kernels: String,
     /// Backend threads.
     pub threads: usize,
 }
@@ -114,6 +116,7 @@ pub fn generate<B: Backend, K: KvStore>(
         stats: GenStats {
             prompt_tokens: prompt.len(),
             backend: model.backend().name().to_string(),
+            kernels: model.backend().kernel_path().to_string(),
             threads: model.backend().threads(),
             ..GenStats::default()
         },

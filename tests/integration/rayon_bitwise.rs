@@ -3,7 +3,9 @@
 //! parallel sides of every size threshold: SmolLM2's projections as GEMV and GEMM, the
 //! `[49152, 576]` output GEMV, prefill and decode attention with GQA (9 query heads over
 //! 3 KV heads), batched RMSNorm / SwiGLU / add / RoPE, and proptest sweeps over odd
-//! sizes. Instantiated for the scalar and the SIMD inner backends.
+//! sizes. Instantiated for the scalar and the SIMD inner backends (the SIMD one on its
+//! best path, and on x86_64 on `avx2` too, the AVX2 kernels without their AVX-512F
+//! twins).
 
 use kvcore::backend::{Backend, DType, Mask, RopeStyle};
 use kvcore_rayon::{Rayon, RayonError};
@@ -290,4 +292,10 @@ macro_rules! bitwise_suite {
 }
 
 bitwise_suite!(scalar, Scalar, Scalar::new());
-bitwise_suite!(simd, Simd, Simd::new());
+bitwise_suite!(simd, Simd, Simd::best());
+#[cfg(target_arch = "x86_64")]
+bitwise_suite!(
+    simd_avx2,
+    Simd,
+    Simd::with_path(kvcore_simd::SimdPath::Avx2Fma).expect("AVX2, FMA and F16C")
+);

@@ -265,6 +265,10 @@ impl<B: Backend> Backend for Rayon<B> {
         "rayon"
     }
 
+    fn kernel_path(&self) -> &'static str {
+        self.inner.kernel_path()
+    }
+
     fn threads(&self) -> usize {
         self.threads
     }

@@ -1,6 +1,10 @@
 //! `kvcore-simd`: a [`Backend`] with explicit SIMD kernels, AVX2+FMA(+F16C) on x86_64,
 //! NEON on aarch64 and SIMD128 on wasm32, chosen once at construction by run-time CPU
 //! feature detection (on wasm32 at compile time: the platform has no run-time detection).
+//! A [`SimdPath`] names each kernel family: [`Simd::best`] takes the best one this CPU
+//! runs, [`Simd::with_path`] the one named. On x86_64 there are two: `avx512` (the AVX2
+//! kernels, the attention and the few-token block GEMM in their AVX-512F twins, bit for
+//! bit the AVX2 ones) and `avx2` (the AVX2 kernels alone, even on a CPU with AVX-512F).
 //!
 //! Layout (one job per file, one folder per architecture):
 //! - `lib.rs`: [`Simd`], [`SimdPath`], feature detection and dispatch;
@@ -60,7 +64,10 @@ use kvcore_scalar::Scalar;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum SimdPath {
-    /// x86_64 AVX2 with FMA and F16C.
+    /// x86_64 AVX2 with FMA and F16C, the attention and the few-token block GEMM in
+    /// their AVX-512F twins (the same bits, faster); the CPU needs AVX-512F too.
+    Avx512,
+    /// x86_64 AVX2 with FMA and F16C alone, even on a CPU with AVX-512F.
     Avx2Fma,
     /// aarch64 Advanced SIMD (NEON).
     Neon,
@@ -71,9 +78,19 @@ pub enum SimdPath {
 }
 
 impl SimdPath {
-    /// The name used by `KVCORE_SIMD` (`"avx2"`, `"neon"`, `"simd128"`, `"scalar"`).
+    /// Every path, the fastest first.
+    pub const ALL: [SimdPath; 5] = [
+        SimdPath::Avx512,
+        SimdPath::Avx2Fma,
+        SimdPath::Neon,
+        SimdPath::Simd128,
+        SimdPath::Scalar,
+    ];
+
+    /// Its name: `"avx512"`, `"avx2"`, `"neon"`, `"simd128"` or `"scalar"`.
     pub const fn name(self) -> &'static str {
         match self {
+            SimdPath::Avx512 => "avx512",
             SimdPath::Avx2Fma => "avx2",
             SimdPath::Neon => "neon",
             SimdPath::Simd128 => "simd128",
@@ -81,22 +98,27 @@ impl SimdPath {
         }
     }
 
-    /// The path named `name` as `KVCORE_SIMD` spells it, or `None`.
+    /// The path called `name` (see [`name`](SimdPath::name)), or `None`.
     pub fn from_name(name: &str) -> Option<SimdPath> {
-        [
-            SimdPath::Avx2Fma,
-            SimdPath::Neon,
-            SimdPath::Simd128,
-            SimdPath::Scalar,
-        ]
-        .into_iter()
-        .find(|p| p.name() == name)
+        SimdPath::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether this CPU (this build, on wasm32) runs the path.
+    pub fn runs_here(self) -> bool {
+        Simd::with_path(self).is_some()
+    }
+}
+
+impl std::fmt::Display for SimdPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
 /// The detected kernel family: a token proving the CPU supports it.
 #[derive(Clone, Copy, Debug)]
 enum Active {
+    /// The AVX2 kernels, with or without their AVX-512F twins (the token says which).
     #[cfg(target_arch = "x86_64")]
     Avx2(x86::Avx2),
     #[cfg(target_arch = "aarch64")]
@@ -106,66 +128,62 @@ enum Active {
     Scalar,
 }
 
-/// The SIMD backend: single-threaded, kernels chosen by CPU feature detection.
+/// The SIMD backend: single-threaded, on the kernel family it was built with.
 ///
-/// Operations it does not accelerate, and every operation on a CPU without the
-/// features, run the scalar reference.
+/// Operations it does not accelerate, and every operation on the scalar path, run the
+/// scalar reference.
 #[derive(Clone, Copy, Debug)]
 pub struct Simd {
     active: Active,
 }
 
 impl Default for Simd {
+    /// [`Simd::best`].
     fn default() -> Self {
-        Simd::new()
+        Simd::best()
     }
 }
 
 impl Simd {
-    /// Detect the CPU features and take the best path, unless the environment variable
-    /// `KVCORE_SIMD` names one (`scalar`, `avx2`, `neon`): then that path if this CPU
-    /// runs it, else scalar. Any other value of the variable is ignored.
+    /// The best path this CPU runs: [`Simd::best`].
     pub fn new() -> Self {
-        let forced = std::env::var("KVCORE_SIMD")
-            .ok()
-            .and_then(|v| SimdPath::from_name(v.trim()));
-        match forced {
-            Some(path) => Simd::with_path(path),
-            None => Simd::best(),
-        }
+        Simd::best()
     }
 
-    /// The best path this CPU runs.
+    /// The best path this CPU runs: the first of [`SimdPath::ALL`] it runs (the scalar
+    /// path runs everywhere).
     pub fn best() -> Self {
-        let path = if cfg!(target_arch = "x86_64") {
-            SimdPath::Avx2Fma
-        } else if cfg!(target_arch = "aarch64") {
-            SimdPath::Neon
-        } else if cfg!(target_arch = "wasm32") {
-            SimdPath::Simd128
-        } else {
-            SimdPath::Scalar
-        };
-        Simd::with_path(path)
+        SimdPath::ALL
+            .into_iter()
+            .find_map(Simd::with_path)
+            .unwrap_or(Simd {
+                active: Active::Scalar,
+            })
     }
 
-    /// `path` if this CPU runs it, else the scalar path.
-    pub fn with_path(path: SimdPath) -> Self {
+    /// The backend on `path`, or `None` where this CPU does not run it (its features
+    /// are not detected, or it is another architecture's).
+    pub fn with_path(path: SimdPath) -> Option<Self> {
         let active = match path {
             #[cfg(target_arch = "x86_64")]
-            SimdPath::Avx2Fma => x86::Avx2::detect().map_or(Active::Scalar, Active::Avx2),
+            SimdPath::Avx512 => Active::Avx2(x86::Avx2::with_avx512()?),
+            #[cfg(target_arch = "x86_64")]
+            SimdPath::Avx2Fma => Active::Avx2(x86::Avx2::detect()?),
             #[cfg(target_arch = "aarch64")]
-            SimdPath::Neon => aarch64::Neon::detect().map_or(Active::Scalar, Active::Neon),
+            SimdPath::Neon => Active::Neon(aarch64::Neon::detect()?),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            SimdPath::Simd128 => wasm32::Simd128::detect().map_or(Active::Scalar, Active::Simd128),
-            _ => Active::Scalar,
+            SimdPath::Simd128 => Active::Simd128(wasm32::Simd128::detect()?),
+            SimdPath::Scalar => Active::Scalar,
+            _ => return None,
         };
-        Simd { active }
+        Some(Simd { active })
     }
 
     /// The path in use.
     pub fn path(&self) -> SimdPath {
         match self.active {
+            #[cfg(target_arch = "x86_64")]
+            Active::Avx2(k) if k.avx512() => SimdPath::Avx512,
             #[cfg(target_arch = "x86_64")]
             Active::Avx2(_) => SimdPath::Avx2Fma,
             #[cfg(target_arch = "aarch64")]
@@ -196,6 +214,17 @@ macro_rules! dispatch {
 impl Backend for Simd {
     fn name(&self) -> &'static str {
         "simd"
+    }
+
+    /// `"simd/"` and the path's name: `"simd/avx512"`, `"simd/avx2"`, ...
+    fn kernel_path(&self) -> &'static str {
+        match self.path() {
+            SimdPath::Avx512 => "simd/avx512",
+            SimdPath::Avx2Fma => "simd/avx2",
+            SimdPath::Neon => "simd/neon",
+            SimdPath::Simd128 => "simd/simd128",
+            SimdPath::Scalar => "simd/scalar",
+        }
     }
 
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {

@@ -5,10 +5,14 @@
 //! aarch64 build (`.ci/aarch64.sh`). It prints one line per check and a closing
 //! `simd: N passed, M failed`, and exits non-zero on any failure.
 //!
-//! Paths: `Simd::with_path` for the architecture's SIMD path (AVX2+FMA on x86_64, NEON
-//! on aarch64, SIMD128 on wasm32) and for the scalar path; a path the CPU lacks (or, on
-//! wasm32, a build without `+simd128`) is reported and skipped — `.ci/aarch64.sh` and
-//! `.ci/wasm.sh` check from the output that the path they expect ran.
+//! Paths: `Simd::with_path` for each of the architecture's SIMD paths (on x86_64
+//! `avx512`, the AVX2 kernels with their AVX-512F twins, and `avx2`, the AVX2 kernels
+//! alone; NEON on aarch64, SIMD128 on wasm32) and for the scalar path; a path the CPU
+//! lacks (or, on wasm32, a build without `+simd128`) is reported and skipped —
+//! `.ci/aarch64.sh` and `.ci/wasm.sh` check from the output that the path they expect
+//! ran. A first check holds the construction to its contract: `Simd::best` is the first
+//! path of `SimdPath::ALL` the CPU runs, `Simd::with_path` gives the path named or
+//! `None`, as the CPU's features say.
 //! Inputs: proptest `TestRunner`s with a fixed seed and no persistence, plus
 //! deterministic sweeps over every weight format and the shapes 0, 1, 31, 32, 33, 63,
 //! 64, 65, an odd length, 576 and 1536 (block formats take the multiples of 32 among
@@ -852,35 +856,62 @@ fn check_path(report: &mut Report, s: &Simd) {
     });
 }
 
+/// Whether this CPU (this build, on wasm32) runs `path`, from its features as the
+/// standard library detects them.
+fn cpu_runs(path: SimdPath) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        SimdPath::Avx512 => avx2 && is_x86_feature_detected!("avx512f"),
+        #[cfg(target_arch = "x86_64")]
+        SimdPath::Avx2Fma => avx2,
+        #[cfg(target_arch = "aarch64")]
+        SimdPath::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+        SimdPath::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
+        SimdPath::Scalar => true,
+        _ => false,
+    }
+}
+
 fn main() -> ExitCode {
     let mut report = Report::default();
-    let simd_path = if cfg!(target_arch = "aarch64") {
-        SimdPath::Neon
+    let simd_paths: &[SimdPath] = if cfg!(target_arch = "aarch64") {
+        &[SimdPath::Neon]
     } else if cfg!(target_arch = "wasm32") {
-        SimdPath::Simd128
+        &[SimdPath::Simd128]
     } else {
-        SimdPath::Avx2Fma
+        &[SimdPath::Avx512, SimdPath::Avx2Fma]
     };
     println!(
-        "arch {}, Simd::new() path {:?} (KVCORE_SIMD={:?})",
+        "arch {}, best path {:?}",
         std::env::consts::ARCH,
-        Simd::new().path(),
-        std::env::var("KVCORE_SIMD").ok()
+        Simd::best().path()
     );
-    report.fixed("KVCORE_SIMD selects the path", || {
-        let expected = match std::env::var("KVCORE_SIMD").ok().as_deref().map(str::trim) {
-            Some(name) => SimdPath::from_name(name).map_or(Simd::best(), Simd::with_path),
-            None => Simd::best(),
-        };
-        prop_assert_eq!(Simd::new().path(), expected.path());
+    report.fixed("construction: best, with_path, the CPU's features", || {
+        for p in SimdPath::ALL {
+            let runs = cpu_runs(p);
+            prop_assert_eq!(
+                Simd::with_path(p).map(|s| s.path()),
+                runs.then_some(p),
+                "with_path({})",
+                p.name()
+            );
+            prop_assert_eq!(p.runs_here(), runs, "{} runs here", p.name());
+            prop_assert_eq!(SimdPath::from_name(p.name()), Some(p));
+        }
+        let best = SimdPath::ALL.into_iter().find(|&p| cpu_runs(p));
+        prop_assert_eq!(Some(Simd::best().path()), best);
+        prop_assert_eq!(Simd::new().path(), Simd::best().path());
         Ok(())
     });
-    for path in [simd_path, SimdPath::Scalar] {
-        let s = Simd::with_path(path);
-        if s.path() != path {
+    for &path in simd_paths.iter().chain([&SimdPath::Scalar]) {
+        let Some(s) = Simd::with_path(path) else {
             println!("skip   {}: this CPU does not run it", path.name());
             continue;
-        }
+        };
         println!("--- path {:?}", s.path());
         check_path(&mut report, &s);
     }

@@ -7,7 +7,7 @@ use crate::stream;
 use kvcore_engine::kvcore::model::Sampler;
 use kvcore_engine::{
     BackendChoice, Completion, Engine, Error, GenerateParams, KvChoice, Options, parse_activations,
-    parse_kv_type,
+    parse_kernels, parse_kv_type,
 };
 use numpy::PyArray1;
 use pyo3::intern;
@@ -191,8 +191,10 @@ impl Model {
         kv_type = String::from("f32"),
         activations = String::from("f32"),
         kv = String::from("grow"),
+        kernels = None,
     ),
-    text_signature = "(path_or_name, backend='rayon', threads=None, kv_type='f32', activations='f32', kv='grow')")]
+    text_signature = "(path_or_name, backend='rayon', threads=None, kv_type='f32', activations='f32', kv='grow', kernels=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path_or_name: PathBuf,
@@ -201,9 +203,14 @@ impl Model {
         kv_type: String,
         activations: String,
         kv: String,
+        kernels: Option<String>,
     ) -> PyResult<Model> {
         let options = Options {
             backend: backend.parse::<BackendChoice>().map_err(invalid)?,
+            kernels: kernels
+                .map(|k| parse_kernels(&k))
+                .transpose()
+                .map_err(invalid)?,
             threads: threads.map(|n| count("threads", n)).transpose()?,
             activations: parse_activations(&activations).map_err(invalid)?,
             kv_types: {
@@ -359,13 +366,20 @@ impl Model {
     /// The width of the hidden state (the length of an embedding).
     #[getter]
     fn embedding_length(&self) -> usize {
-        self.engine.model().config().d_model
+        self.engine.config().d_model
     }
 
     /// The backend's name: `"scalar"`, `"simd"` or `"rayon"`.
     #[getter]
     fn backend(&self) -> &'static str {
         self.engine.backend_name()
+    }
+
+    /// The kernels that compute: `"simd/avx512"`, `"simd/avx2"`, `"simd/neon"`, ... on
+    /// the simd and rayon backends, `"scalar"` on the scalar one.
+    #[getter]
+    fn kernels(&self) -> &'static str {
+        self.engine.kernel_path()
     }
 
     /// The backend's threads.

@@ -37,6 +37,7 @@ def test_model_properties(model):
     assert model.context_length == 8192
     assert model.embedding_length == 576
     assert model.backend == "rayon"
+    assert model.kernels.startswith("simd/")
     assert model.threads == kvcore.cores()
     assert isinstance(model.path, Path) and model.path.is_file()
     assert model.path.suffix == ".gguf"

@@ -44,6 +44,8 @@ def test_unknown_backend():
         ({"kv_type": "q9"}, '"q9"'),
         ({"activations": "f16"}, '"f16"'),
         ({"kv": "sparse"}, '"sparse"'),
+        ({"kernels": "avx"}, 'unknown kernels "avx"'),
+        ({"backend": "scalar", "kernels": "avx2"}, "no avx2 kernels"),
     ],
 )
 def test_bad_model_options(kwargs, needle):

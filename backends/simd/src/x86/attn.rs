@@ -19,6 +19,7 @@
 //!   order (the `head_dim mod 8` tail `o + p_t·v_tj` unfused). Up to [`MAX_VECS`] outputs
 //!   share a pass over the value rows, so their accumulators stay in the 16 ymm registers.
 
+use super::Avx512;
 use super::dot::{hsum, load, store};
 use crate::kernel::HeadRows;
 use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
@@ -517,17 +518,24 @@ fn scores_by_8<R: Rows, const CH: usize>(
 
 /// `out[v · stride + t] ← scale · q_v·k_t` for every vector of `qs: [nv, head_dim]` and
 /// row of `keys` (see the module docs; heads of 32, 64, 128 or 256 values take
-/// [`scores_by_8`]).
+/// [`scores_by_8`], or its AVX-512F twin where `wide` is `Some`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn scores(qs: &[f32], keys: HeadRows<'_>, scale: f32, out: &mut [f32], stride: usize) {
+pub(super) fn scores(
+    qs: &[f32],
+    keys: HeadRows<'_>,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+    wide: Option<Avx512>,
+) {
     let hd = keys.head_dim();
     if hd == 0 || keys.len() == 0 {
         return;
     }
     macro_rules! by_8 {
         ($ch:literal) => {{
-            if crate::x86::avx512::enabled() {
-                // SAFETY: `enabled` checked the features.
+            if wide.is_some() {
+                // SAFETY: an `Avx512` exists only where the CPU has the features.
                 per_type!(keys, r => unsafe {
                     avx512::scores_by_8::<_, $ch>(qs, r, scale, out, stride)
                 });
@@ -565,15 +573,22 @@ std::thread_local! {
 /// outputs (a prefill tile) runs in passes of [`PASS_VECS`] over the rows; rows stored
 /// as f16, bf16 or q8_0 are then converted to f32 once, into a scratch the passes read,
 /// instead of once per pass (the same values: every pass would convert them alike).
+/// Every pass runs on the AVX-512F twin where `wide` is `Some`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
+pub(super) fn weighted(
+    p: &[f32],
+    stride: usize,
+    values: HeadRows<'_>,
+    outs: &mut [f32],
+    wide: Option<Avx512>,
+) {
     let (n, hd) = (values.len(), values.head_dim());
     if hd == 0 || n == 0 {
         return;
     }
     if outs.len() <= MAX_VECS * hd {
-        if crate::x86::avx512::enabled() {
-            // SAFETY: `enabled` checked the features.
+        if wide.is_some() {
+            // SAFETY: an `Avx512` exists only where the CPU has the features.
             per_type!(values, r => unsafe { avx512::weighted(p, stride, r, outs) });
             return;
         }
@@ -581,34 +596,34 @@ pub(super) fn weighted(p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mu
         return;
     }
     if let HeadRows::F32(a) = values {
-        return weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs);
+        return weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs, wide);
     }
     CONVERTED.with_borrow_mut(|buf| {
         buf.resize(n * hd, 0.0);
         per_type!(values, r => convert(r, buf));
         let a = ArrayView2::from_shape((n, hd), &buf[..]).expect("n · head_dim values");
-        weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs);
+        weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs, wide);
     });
 }
 
-/// [`weighted`] in passes of [`PASS_VECS`] outputs.
+/// [`weighted`] in passes of [`PASS_VECS`] outputs, on the AVX-512F twin where `wide` is
+/// `Some` (the same bits).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn weighted_passes(p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
+fn weighted_passes(
+    p: &[f32],
+    stride: usize,
+    r: F32Rows<'_>,
+    outs: &mut [f32],
+    wide: Option<Avx512>,
+) {
     let hd = r.head_dim();
     for (pass, o) in outs.chunks_mut(PASS_VECS * hd).enumerate() {
-        weighted_pass_f32(&p[pass * PASS_VECS * stride..], stride, r, o);
-    }
-}
-
-/// [`weighted_pass`] on f32 rows: on AVX-512F where [`crate::x86::avx512::enabled`]
-/// (the same bits).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn weighted_pass_f32(p: &[f32], stride: usize, r: F32Rows<'_>, o: &mut [f32]) {
-    if crate::x86::avx512::enabled() {
-        // SAFETY: `enabled` checked the features.
-        unsafe { avx512::weighted(p, stride, r, o) }
-    } else {
-        weighted_pass(p, stride, r, o)
+        let p = &p[pass * PASS_VECS * stride..];
+        match wide {
+            // SAFETY: an `Avx512` exists only where the CPU has the features.
+            Some(_) => unsafe { avx512::weighted(p, stride, r, o) },
+            None => weighted_pass(p, stride, r, o),
+        }
     }
 }
 
@@ -768,8 +783,7 @@ mod tests {
     /// values of mixed magnitudes, so a different order of any addition would show.
     #[test]
     fn avx512_matches_avx2_bits() {
-        if !crate::x86::avx512::enabled() {
-            eprintln!("no AVX-512F here (or KVCORE_AVX512=0): nothing to compare");
+        if crate::x86::avx512::detect_or_say("avx512_matches_avx2_bits").is_none() {
             return;
         }
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -814,7 +828,7 @@ mod tests {
                     let stride = n + 3;
                     each_type!(&keys, n, hd, r => {
                         let (mut a, mut b) = (vec![0.5; nv * stride], vec![0.5; nv * stride]);
-                        // SAFETY: features checked by `enabled`.
+                        // SAFETY: features detected above.
                         unsafe {
                             match hd {
                                 32 => scores_by_8::<_, 4>(&qs, r, 0.125, &mut a, stride),
@@ -843,7 +857,7 @@ mod tests {
                     let o: Vec<f32> = (0..nv * hd).map(|_| next()).collect();
                     each_type!(&vals, n, hd, r => {
                         let (mut a, mut b) = (o.clone(), o.clone());
-                        // SAFETY: features checked by `enabled`.
+                        // SAFETY: features detected above.
                         unsafe {
                             weighted_pass(&p, stride, r, &mut a);
                             avx512::weighted(&p, stride, r, &mut b);

@@ -11,6 +11,11 @@
 //! Every kernel is a safe `#[target_feature(enable = "avx2,fma,f16c")]` function; the
 //! only `unsafe` outside the unaligned loads and stores is the call into that code from
 //! [`Avx2`]'s trait methods, justified by the detection that created the token.
+//!
+//! The attention kernels and the few-token block GEMM have AVX-512F twins, bit for bit
+//! the AVX2 ones (`avx512.rs`). One token type serves both paths: an [`Avx2`] made by
+//! [`Avx2::with_avx512`] carries the proof that the twins may run and hands it to those
+//! kernels, which pick the twin once per call.
 
 mod attn;
 mod avx512;
@@ -22,25 +27,40 @@ mod quant;
 use crate::kernel::{HeadRows, Kernel};
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 
-/// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] creates one.
+pub(crate) use avx512::Avx512;
+
+/// Proof that this CPU runs AVX2, FMA and F16C, and whether the AVX-512F twins run: only
+/// [`Avx2::detect`] and [`Avx2::with_avx512`] create one.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2 {
-    _detected: (),
+    avx512: Option<Avx512>,
 }
 
 impl Avx2 {
-    /// `Some` when the CPU has AVX2, FMA and F16C (run-time detection).
+    /// The AVX2 kernels alone, even on a CPU with AVX-512F: `Some` when the CPU has
+    /// AVX2, FMA and F16C (run-time detection).
     pub(crate) fn detect() -> Option<Avx2> {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then_some(Avx2 { _detected: () })
+        ok.then_some(Avx2 { avx512: None })
+    }
+
+    /// The AVX2 kernels with their AVX-512F twins: `Some` when the CPU has AVX-512F
+    /// too.
+    pub(crate) fn with_avx512() -> Option<Avx2> {
+        Avx512::detect().map(|t| Avx2 { avx512: Some(t) })
+    }
+
+    /// Whether the AVX-512F twins run.
+    pub(crate) fn avx512(self) -> bool {
+        self.avx512.is_some()
     }
 }
 
 // SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, and an `Avx2`
-// value exists only after `Avx2::detect` found all three at run time. The callees check
-// their slice lengths themselves.
+// value exists only after `Avx2::detect` or `Avx512::detect` found all three at run
+// time. The callees check their slice lengths themselves.
 impl Kernel for Avx2 {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
         // SAFETY: features detected (see above).
@@ -92,7 +112,7 @@ impl Kernel for Avx2 {
 
     fn gemm_stored(self, w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usize) -> bool {
         // SAFETY: features detected (see above).
-        unsafe { quant::gemm_blocks(w, x, y, stride) }
+        unsafe { quant::gemm_blocks(w, x, y, stride, self.avx512) }
     }
 
     fn prefetch(self, bytes: &[u8]) {
@@ -114,12 +134,12 @@ impl Kernel for Avx2 {
         stride: usize,
     ) {
         // SAFETY: features detected (see above).
-        unsafe { attn::scores(qs, keys, scale, out, stride) }
+        unsafe { attn::scores(qs, keys, scale, out, stride, self.avx512) }
     }
 
     fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
         // SAFETY: features detected (see above).
-        unsafe { attn::weighted(p, stride, values, outs) }
+        unsafe { attn::weighted(p, stride, values, outs, self.avx512) }
     }
 
     fn decode_rows(self, rows: HeadRows<'_>, out: &mut [f32]) {

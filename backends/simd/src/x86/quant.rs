@@ -30,6 +30,7 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
+use super::Avx512;
 use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use super::kquant::{self, Format};
 use half::f16;
@@ -391,19 +392,19 @@ const FUSED_X_BYTES: usize = 24 << 10;
 /// (`cargo bench --bench kernels -- gemm_few`, Zen 5, L1d 48 KiB).
 const FUSED_X_BYTES_AVX512: usize = 48 << 10;
 
-/// The most bytes of activations [`gemm_blocks`] takes on this CPU.
-fn fused_x_bytes() -> usize {
-    if crate::x86::avx512::enabled() {
-        FUSED_X_BYTES_AVX512
-    } else {
-        FUSED_X_BYTES
+/// The most bytes of activations [`gemm_blocks`] takes, with the AVX-512F kernel
+/// (`wide` is `Some`) or the AVX2 one.
+fn fused_x_bytes(wide: Option<Avx512>) -> usize {
+    match wide {
+        Some(_) => FUSED_X_BYTES_AVX512,
+        None => FUSED_X_BYTES,
     }
 }
 
 /// The few-token GEMM straight from the stored blocks of `Q8_0`, `Q4_0` or `Q4_1`
 /// weights: `y[t·stride + r] ← w_r·x_t` for every row of `w` and token of `x: [n, cols]`
 /// (`2 ≤ n ≤ 8`, at most [`fused_x_bytes`] of them), or `false` (nothing written) for
-/// another format or other tokens. Each
+/// another format or other tokens; on the AVX-512F twin where `wide` is `Some`. Each
 /// block is decoded once into registers (`d·q`, then `+ m`, as [`dequantize`] rounds
 /// them) and multiplied into every token's chain, one 8-lane FMA chain per output over
 /// the 8-weight chunks in order, its lanes summed by [`hsum`]: the operations
@@ -414,7 +415,13 @@ fn fused_x_bytes() -> usize {
 /// # Panics
 /// If `x` is not `n` rows of `w.cols()` or `y` is too short.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usize) -> bool {
+pub(super) fn gemm_blocks(
+    w: &Weights<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    stride: usize,
+    wide: Option<Avx512>,
+) -> bool {
     let fmt = match w.dtype() {
         DType::Q8_0 => Block::Q8_0,
         DType::Q4_0 => Block::Q4_0,
@@ -422,14 +429,14 @@ pub(super) fn gemm_blocks(w: &Weights<'_>, x: &[f32], y: &mut [f32], stride: usi
         _ => return false,
     };
     let (rows, cols) = (w.rows(), w.cols());
-    if cols == 0 || !x.len().is_multiple_of(cols) || 4 * x.len() > fused_x_bytes() {
+    if cols == 0 || !x.len().is_multiple_of(cols) || 4 * x.len() > fused_x_bytes(wide) {
         return false;
     }
     if rows == 0 {
         return true;
     }
-    if crate::x86::avx512::enabled() && cols.is_multiple_of(QK) {
-        // SAFETY: `enabled` checked the features.
+    if wide.is_some() && cols.is_multiple_of(QK) {
+        // SAFETY: an `Avx512` exists only where the CPU has the features.
         unsafe {
             match x.len() / cols {
                 2 => avx512::gemm_blocks_n::<2>(fmt, w, x, y, stride),
@@ -570,10 +577,10 @@ mod tests {
     use crate::x86::dot::gemm_rows;
 
     /// `gemm_blocks` bit for bit the decoded rows through `gemm_rows` (its docs' claim),
-    /// on the kernel it dispatches to (AVX-512F where the CPU has it) and on the AVX2
-    /// kernel, for each of its formats, every token count it takes, row counts around the
-    /// prefetch distance (odd ones: the twin's last row alone); `false` and nothing
-    /// written for one token, nine, or another format.
+    /// on the AVX2 path and on the AVX-512F one (where the CPU has it), and the AVX2
+    /// kernel itself, for each of its formats, every token count it takes, row counts
+    /// around the prefetch distance (odd ones: the twin's last row alone); `false` and
+    /// nothing written for one token, nine, or another format.
     #[test]
     fn gemm_blocks_is_the_decoded_rows_through_gemm_rows() {
         assert!(
@@ -582,6 +589,15 @@ mod tests {
                 && is_x86_feature_detected!("f16c"),
             "these tests need AVX2, FMA and F16C"
         );
+        let mut paths = vec![None];
+        paths.extend(crate::x86::avx512::detect_or_say("gemm_blocks on avx512").map(Some));
+        for wide in paths {
+            gemm_blocks_on(wide);
+        }
+    }
+
+    /// The test on one path: the AVX2 kernels alone (`None`) or with their twins.
+    fn gemm_blocks_on(wide: Option<Avx512>) {
         let val = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 2001) as f32 / 700.0 - 1.4;
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
             for (rows, cols) in [(1, 32), (4, 32), (5, 64), (6, 64), (11, 576), (3, 1536)] {
@@ -589,17 +605,18 @@ mod tests {
                 let bytes = kvcore_scalar::quant::quantize_row(dtype, &values);
                 let w = Weights::new(dtype, rows, cols, &bytes).expect("shape");
                 let mut decoded = vec![0.0f32; rows * cols];
-                // SAFETY (every block below): AVX2, FMA and F16C detected above.
+                // SAFETY (every block below): AVX2, FMA and F16C detected by the caller,
+                // AVX-512F by whoever made `wide`.
                 unsafe { dequantize(dtype, &bytes, &mut decoded) };
                 for n in 1..=9 {
                     let x: Vec<f32> = (0..n * cols).map(|i| val(i, 2)).collect();
                     let stride = rows + 2;
                     let mut got = vec![f32::NAN; n * stride];
-                    let done = unsafe { gemm_blocks(&w, &x, &mut got, stride) };
+                    let done = unsafe { gemm_blocks(&w, &x, &mut got, stride, wide) };
                     let takes = (2..=8).contains(&n)
                         && dtype != DType::Q5_0
-                        && 4 * n * cols <= fused_x_bytes();
-                    assert_eq!(done, takes, "{dtype} n {n}");
+                        && 4 * n * cols <= fused_x_bytes(wide);
+                    assert_eq!(done, takes, "{dtype} n {n} {wide:?}");
                     if !takes {
                         assert!(got.iter().all(|v| v.is_nan()), "{dtype} n {n} wrote");
                         continue;
@@ -607,8 +624,16 @@ mod tests {
                     let mut want = vec![f32::NAN; n * stride];
                     unsafe { gemm_rows(&decoded, &x, cols, &mut want, stride) };
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{dtype} [{rows}, {cols}] n {n}");
-                    // The AVX2 kernel itself, where `gemm_blocks` took the AVX-512 one.
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype} [{rows}, {cols}] n {n} {wide:?}"
+                    );
+                    if wide.is_none() {
+                        continue;
+                    }
+                    // The AVX2 kernel itself on what the AVX-512F path takes (activations
+                    // up to its wider limit).
                     let fmt = match dtype {
                         DType::Q8_0 => Block::Q8_0,
                         DType::Q4_0 => Block::Q4_0,

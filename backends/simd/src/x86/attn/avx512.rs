@@ -1,8 +1,8 @@
 //! AVX-512F twins of the attention kernels of [`super`], **bit for bit** the AVX2 ones:
 //! the same FMAs in the same order on every lane, twice as many lanes per instruction,
 //! on rows of every stored type (converted by the same exact loads, or the same one
-//! rounded product `d·q` for `q8_0`). The attention kernels take them where the CPU has
-//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)).
+//! rounded product `d·q` for `q8_0`). The attention kernels take them on the `avx512`
+//! path (with an [`Avx512`](crate::x86::Avx512) token: the CPU has AVX-512F).
 //!
 //! - Scores ([`scores_by_8`]): a block's 8 key rows in pairs, rows `i` and `i + 4` in the
 //!   two 256-bit halves of a register, against each query chunk in both halves; each
@@ -39,7 +39,7 @@ fn put(dst: &mut [f32], m: usize, s: __m256) {
 /// and the 8 halves go through the same [`lane_sums`].
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`Avx512`](crate::x86::Avx512)).
 #[allow(private_bounds)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
@@ -256,7 +256,7 @@ fn weighted_n<R: Rows16, const NV: usize, const C: usize>(
 /// accumulators of 16 lanes.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`Avx512`](crate::x86::Avx512)).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(private_bounds)]
 pub(super) unsafe fn weighted<R: Rows16>(p: &[f32], stride: usize, rows: R, outs: &mut [f32]) {

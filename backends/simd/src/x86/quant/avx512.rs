@@ -6,9 +6,9 @@
 //! pair, its low half the AVX2 kernel's 8-lane chain for the pair's first token and its
 //! high half for the second, summed by the same [`hsum`]. The activations are first
 //! interleaved by token pairs, so that every multiply-add reads two tokens' chunks with
-//! one plain 512-bit load. An odd last row takes the AVX2 kernel. Used where the CPU has
-//! AVX-512F ([`enabled`](crate::x86::avx512::enabled)); `super::tests` compares both
-//! kernels with the decoded rows through `gemm_rows`.
+//! one plain 512-bit load. An odd last row takes the AVX2 kernel. Used on the `avx512`
+//! path (with an [`Avx512`](crate::x86::Avx512) token: the CPU has AVX-512F);
+//! `super::tests` compares both kernels with the decoded rows through `gemm_rows`.
 //!
 //! An earlier layout held the two rows' chains in the halves of each accumulator, and
 //! broadcast every token's chunk to both halves (`vbroadcastf64x4`, a load per token and
@@ -94,7 +94,7 @@ fn pair_lanes(fmt: Block, a: &[u8], b: &[u8]) -> [__m512; 4] {
 /// [`super::gemm_blocks_n`]: `y[t·stride + r] ← w_r·x_t` for `T` tokens.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C ([`enabled`](crate::x86::avx512::enabled)).
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`Avx512`](crate::x86::Avx512)).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn gemm_blocks_n<const T: usize>(
     fmt: Block,
