@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvcore::backend::{AttnParams, Backend, Q8Acts, Q8Layout, Rope, ShapeError, Weights};
+use kvcore::backend::{AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights};
 use kvcore::kv::{AllocGate, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 
@@ -33,7 +33,10 @@ impl Counter {
 }
 
 /// Wraps a backend and fails its `k`-th fallible kernel call with [`INJECTED`] (before
-/// touching any output), as a shape error in the middle of a forward pass would.
+/// touching any output), as a shape error in the middle of a forward pass would. Every
+/// other method forwards to the inner backend (its threads, kernel path and attention
+/// parts), so the wrapped backend computes exactly as the inner one; `attention_batch`
+/// keeps the default, one checked `attention` per job.
 #[derive(Debug)]
 pub struct FailingBackend<B> {
     inner: B,
@@ -75,8 +78,36 @@ impl<B: Backend> Backend for FailingBackend<B> {
     fn threads(&self) -> usize {
         self.inner.threads()
     }
+    fn kernel_path(&self) -> &'static str {
+        self.inner.kernel_path()
+    }
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.inner.scope(f)
+    }
+    fn join<A: Send, C: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> C + Send,
+    ) -> (A, C) {
+        self.inner.join(a, b)
+    }
+    fn gemm_rows_alone_from(&self) -> Option<usize> {
+        self.inner.gemm_rows_alone_from()
+    }
+    fn attention_part_len(&self) -> Option<usize> {
+        self.inner.attention_part_len()
+    }
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        self.check()?;
+        self.inner.attention_part(q, q_pos, kv, params, out, stats)
     }
     fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
         self.check()?;

@@ -28,7 +28,6 @@
 //! ([`PoolScenario::from_bytes`], the `kv_pool` fuzz target's input format).
 
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -202,24 +201,7 @@ fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<PoolOp>> {
 }
 
 /// The first disagreement of a [`run`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolDivergence {
-    /// Index and value of the op (`None`: at construction).
-    pub op: Option<(usize, PoolOp)>,
-    /// What differed.
-    pub detail: String,
-}
-
-impl fmt::Display for PoolDivergence {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.op {
-            None => write!(f, "at construction: {}", self.detail),
-            Some((i, op)) => write!(f, "after op {i} ({op:?}): {}", self.detail),
-        }
-    }
-}
-
-impl std::error::Error for PoolDivergence {}
+pub type PoolDivergence = crate::kv_diff::Divergence<PoolOp>;
 
 /// The fake model's rows for positions `from .. ids.len()` of layer `layer`: element `i`
 /// of K at position `p` is the bits of a hash of `ids[..=p]`, `layer`, `i` (any bit

@@ -345,17 +345,17 @@ fn arb_ops(u: &mut Unstructured) -> arbitrary::Result<Vec<KvOp>> {
     Ok(ops)
 }
 
-/// The first disagreement of a [`run`]: after which op (none: at construction), on
-/// which sequence, and what.
+/// The first disagreement of a [`run`] (or of another differential runner over ops of
+/// type `Op`, such as `pool_diff`'s): after which op (none: at construction), and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Divergence {
+pub struct Divergence<Op = KvOp> {
     /// Index and value of the op, or `None` at construction.
-    pub op: Option<(usize, KvOp)>,
+    pub op: Option<(usize, Op)>,
     /// What differed.
     pub detail: String,
 }
 
-impl fmt::Display for Divergence {
+impl<Op: fmt::Debug> fmt::Display for Divergence<Op> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
             None => write!(f, "at construction: {}", self.detail),
@@ -364,7 +364,7 @@ impl fmt::Display for Divergence {
     }
 }
 
-impl std::error::Error for Divergence {}
+impl<Op: fmt::Debug> std::error::Error for Divergence<Op> {}
 
 /// A gate that refuses one allocation once armed.
 #[derive(Debug, Default)]
