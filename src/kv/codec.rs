@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use super::elem::{BlockQ8_0, Q8_0_BLOCK};
-use super::{KeyOffsets, KvError, KvGeometry, KvStore, KvType};
+use super::{KEY_OFFSET_BLOCK, KeyOffsets, KvError, KvGeometry, KvStore, KvType};
 use crate::backend::Rope;
 
 /// Positions of the calibration pass left out of the mean keys: the first token's key is
@@ -70,13 +70,13 @@ impl KvCodec {
         }
     }
 
-    /// A `q8_0` key codec kept less `offsets`.
+    /// A key codec of `kv_type` kept less `offsets`.
     ///
-    /// Errors with [`KvError::KeyOffsets`] for any other type.
+    /// Errors with [`KvError::Calibration`] for a type that does not calibrate.
     pub fn with_key_offsets(kv_type: KvType, offsets: Arc<KeyOffsets>) -> Result<KvCodec, KvError> {
         if !KvCodec::calibrates(kv_type) {
-            return Err(KvError::KeyOffsets {
-                reason: "key offsets need q8_0 keys",
+            return Err(KvError::Calibration {
+                reason: "key offsets need keys of a type that calibrates (q8_0)",
             });
         }
         Ok(KvCodec {
@@ -91,7 +91,7 @@ impl KvCodec {
     /// calibration pass and keeps its keys less the offsets of their mean; the others
     /// never call it.
     ///
-    /// Errors: `calibration_keys`'s, and [`KvError::KeyOffsets`] when the keys cannot
+    /// Errors: `calibration_keys`'s, and [`KvError::Calibration`] when the keys cannot
     /// be calibrated (not f32, too few positions, a head size that is odd or not a
     /// multiple of 32).
     pub fn for_keys<S: KvStore, E: From<KvError>>(
@@ -114,7 +114,7 @@ impl KvCodec {
     /// already, or has none): computed again from the recorded means, so the offsets of
     /// every position it covered are unchanged.
     ///
-    /// Errors with [`KvError::KeyOffsets`] when the table would not fit in memory.
+    /// Errors with [`KvError::Calibration`] when the table would not fit in memory.
     pub fn covering(&self, max_ctx: usize) -> Result<KvCodec, KvError> {
         match &self.key_offsets {
             Some(o) if o.max_ctx() < max_ctx => {
@@ -133,6 +133,23 @@ impl KvCodec {
     /// The element type.
     pub fn kv_type(&self) -> KvType {
         self.kv_type
+    }
+
+    /// Whether this codec can serve the keys of a store of `geometry` holding up to
+    /// `max_ctx` positions with keys of `keys`: [`KvError::RowType`] for another type,
+    /// [`KvError::Calibration`] when its calibration does not fit the geometry or cover
+    /// `max_ctx`.
+    pub(super) fn check_store(
+        &self,
+        geometry: KvGeometry,
+        max_ctx: usize,
+        keys: KvType,
+    ) -> Result<(), KvError> {
+        check_key_codec(self, keys)?;
+        match &self.key_offsets {
+            Some(o) => o.check_store(geometry, max_ctx, keys),
+            None => Ok(()),
+        }
     }
 
     /// The key offsets the keys are kept less of, if any.
@@ -168,6 +185,119 @@ impl KvCodec {
         hadamard(x, n);
         let inv = 1.0 / n as f32;
         x.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+impl KvCodec {
+    /// This codec as the view of model layer `layer` carries it ([`LayerCodec`]): its
+    /// type and, for calibrated keys, that layer's key offsets over every KV head.
+    pub fn layer(&self, layer: usize) -> LayerCodec<'_> {
+        LayerCodec {
+            kv_type: self.kv_type,
+            key_offsets: self.key_offsets.as_deref().map(|offsets| LayerOffsets {
+                offsets,
+                layer,
+                kvh0: 0,
+                n_kv_heads: offsets.geometry().n_kv_heads,
+            }),
+        }
+    }
+}
+
+/// A side's codec as a view of one layer hands it to attention
+/// ([`KvView::codecs`](super::KvView::codecs)): what a kernel must do to read the rows
+/// ([`rotated`](Self::rotated)) and what calibrated keys lack
+/// ([`key_offset`](Self::key_offset)). A borrow of the store's [`KvCodec`] bound to the
+/// view's layer and heads; small and `Copy`.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerCodec<'a> {
+    kv_type: KvType,
+    key_offsets: Option<LayerOffsets<'a>>,
+}
+
+/// The key offsets of one model layer, for the view's KV heads `kvh0 .. kvh0 + n_kv_heads`.
+#[derive(Clone, Copy, Debug)]
+struct LayerOffsets<'a> {
+    offsets: &'a KeyOffsets,
+    layer: usize,
+    kvh0: usize,
+    n_kv_heads: usize,
+}
+
+impl<'a> LayerCodec<'a> {
+    /// The codec of rows of `kv_type` without calibration.
+    pub fn plain(kv_type: KvType) -> LayerCodec<'a> {
+        LayerCodec {
+            kv_type,
+            key_offsets: None,
+        }
+    }
+
+    /// The element type.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// Whether rows of this codec hold transformed heads ([`KvCodec::rotated`]): attention
+    /// transforms each query head against such keys and each output head of a sum of
+    /// such values ([`KvCodec::unrotate`]).
+    pub fn rotated(&self) -> bool {
+        KvCodec::new(self.kv_type).rotated()
+    }
+
+    /// The positions over which [`key_offset`](Self::key_offset) is constant (blocks of
+    /// this many positions from position 0), or `None` when the keys lack no offset.
+    pub fn offset_block(&self) -> Option<usize> {
+        self.key_offsets.map(|_| KEY_OFFSET_BLOCK)
+    }
+
+    /// What the stored key of KV head `kvh` (of the view) at position `pos` lacks: the
+    /// rotated key offset `t_b` (`head_dim` values, `offsets.rs`) attention adds back,
+    /// or `None` for keys stored as they come (or a position or head not covered).
+    pub fn key_offset(&self, pos: usize, kvh: usize) -> Option<&'a [f32]> {
+        let o = self.key_offsets?;
+        if kvh >= o.n_kv_heads {
+            return None;
+        }
+        o.offsets.rotated(o.layer, pos, o.kvh0 + kvh)
+    }
+
+    /// The same codec restricted to the view's KV heads `heads` (already checked against
+    /// the view's heads).
+    pub(super) fn heads(self, heads: std::ops::Range<usize>) -> LayerCodec<'a> {
+        LayerCodec {
+            kv_type: self.kv_type,
+            key_offsets: self.key_offsets.map(|o| LayerOffsets {
+                kvh0: o.kvh0 + heads.start,
+                n_kv_heads: heads.len(),
+                ..o
+            }),
+        }
+    }
+
+    /// [`KvError::Calibration`] unless this codec's calibration covers a view of
+    /// `n_kv_heads` heads of `head_dim` values holding positions up to `end` of model
+    /// layer `layer`.
+    pub(super) fn check_covers(
+        &self,
+        n_kv_heads: usize,
+        head_dim: usize,
+        end: usize,
+    ) -> Result<(), KvError> {
+        let Some(o) = self.key_offsets else {
+            return Ok(());
+        };
+        let g = o.offsets.geometry();
+        let reason = if (n_kv_heads, head_dim) != (o.n_kv_heads, g.head_dim) {
+            "the key offsets' heads are not the view's"
+        } else if o.layer >= g.n_layers {
+            "the key offsets have no such layer"
+        } else if end > o.offsets.max_ctx() {
+            "the key offsets cover fewer positions than the view holds"
+        } else {
+            return Ok(());
+        };
+        Err(KvError::Calibration { reason })
     }
 }
 
@@ -219,21 +349,22 @@ pub fn hadamard(x: &mut [f32], n: usize) {
     }
 }
 
-/// Encodes one `q8_0` row `y` (heads of `head_dim` values, overwritten) into `out`: each
-/// head rotated by [`hadamard`] over [`rotation_len`] values, less the rotated key offset
-/// `t_b` of its block when `shift` gives the offsets, the model layer and the position
+/// Encodes one `q8_0` row `y` at position `pos` (heads of `head_dim` values,
+/// overwritten) into `out`: each head rotated by [`hadamard`] over [`rotation_len`]
+/// values, less the rotated key offset `t_b` of its block when `codec` calibrates keys
 /// (`offsets.rs`), then quantised block by block ([`BlockQ8_0::encode`]).
 pub(super) fn encode_q8_0_row(
     y: &mut [f32],
     head_dim: usize,
-    shift: Option<(&KeyOffsets, usize, usize)>,
+    codec: LayerCodec<'_>,
+    pos: usize,
     out: &mut [BlockQ8_0],
 ) {
     hadamard(y, rotation_len(head_dim));
-    if let Some((offsets, layer, pos)) = shift {
+    if codec.offset_block().is_some() {
         for (h, head) in y.chunks_exact_mut(head_dim).enumerate() {
-            let t_b = offsets
-                .rotated(layer, pos, h)
+            let t_b = codec
+                .key_offset(pos, h)
                 .expect("the store checked its offsets cover its layers and max_ctx");
             head.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
         }

@@ -25,9 +25,10 @@ use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 
+use super::codec::LayerCodec;
 use super::codec::encode_q8_0_row;
 use super::mem::Mem;
-use super::{Gate, KeyOffsets, KvError, KvRows, KvType};
+use super::{Gate, KvError, KvRows, KvType};
 use crate::backend::q8;
 
 /// One `q8_0` block, llama.cpp's 34-byte `block_q8_0` layout (the scale `d` as f16, then
@@ -83,15 +84,6 @@ impl BlockQ8_0 {
             *o = d * f32::from(q);
         }
     }
-}
-
-/// Where the key rows a store encodes sit, when it has key offsets (`kv/offsets.rs`):
-/// row `t` is position `pos + t` of the model's layer `layer`.
-#[derive(Clone, Copy)]
-pub(super) struct KeyShift<'a> {
-    pub offsets: &'a KeyOffsets,
-    pub layer: usize,
-    pub pos: usize,
 }
 
 /// Rows of one element type, `[rows][units per row]`, with the typed storage behind it.
@@ -175,16 +167,19 @@ impl Buf {
         }
     }
 
-    /// Encodes `rows: [n, kv_dim]` f32 (any strides) of heads of `head_dim` into rows
-    /// `at .. at + n`; `q8_0` keys with a `shift` are stored less their block's rotated
-    /// key offset (`Q8_0(H k − t_b)`, `kv/offsets.rs`).
+    /// Encodes `rows: [n, kv_dim]` f32 (any strides) of heads of `head_dim`, positions
+    /// `pos ..`, into rows `at .. at + n` through `codec` (of this buffer's type and its
+    /// model layer): keys of a calibrated `q8_0` codec are stored less their block's
+    /// rotated key offset (`Q8_0(H k − t_b)`, `kv/offsets.rs`).
     pub(super) fn encode(
         &mut self,
         at: usize,
         rows: ArrayView2<'_, f32>,
         head_dim: usize,
-        shift: Option<KeyShift<'_>>,
+        codec: LayerCodec<'_>,
+        pos: usize,
     ) {
+        debug_assert_eq!(codec.kv_type(), self.kv_type(), "the buffer's own codec");
         let (n, kv_dim) = rows.dim();
         let span = at * self.units..(at + n) * self.units;
         match &mut self.data {
@@ -210,8 +205,7 @@ impl Buf {
                     .enumerate()
                 {
                     y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
-                    let shift = shift.map(|s| (s.offsets, s.layer, s.pos + t));
-                    encode_q8_0_row(&mut y, head_dim, shift, out);
+                    encode_q8_0_row(&mut y, head_dim, codec, pos + t, out);
                 }
             }
         }

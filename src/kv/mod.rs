@@ -73,7 +73,7 @@ mod rows;
 mod view;
 mod window;
 
-pub use codec::KvCodec;
+pub use codec::{KvCodec, LayerCodec};
 pub use dense::DenseKv;
 pub use elem::{BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
@@ -223,9 +223,10 @@ impl fmt::Display for KvType {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum KvError {
-    /// Key offsets that cannot be built or do not fit the store (`kv/offsets.rs`).
-    #[error("key offsets: {reason}")]
-    KeyOffsets {
+    /// A codec's calibration that cannot be made or does not fit the store or view (the
+    /// key offsets of calibrated keys, `kv/offsets.rs`).
+    #[error("KV codec calibration: {reason}")]
+    Calibration {
         /// What is wrong.
         reason: &'static str,
     },

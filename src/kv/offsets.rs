@@ -78,7 +78,7 @@ impl KeyOffsets {
     /// The offsets of pre-RoPE means `means: [n_layers][n_kv_heads][head_dim]` under each
     /// layer's `ropes`, for positions `0 .. max_ctx`.
     ///
-    /// Errors with [`KvError::KeyOffsets`] when the lengths do not fit the geometry, a
+    /// Errors with [`KvError::Calibration`] when the lengths do not fit the geometry, a
     /// mean is not finite, the head size is odd (RoPE pairs) or not a multiple of 32
     /// (`q8_0`), or the table would not fit in memory.
     pub fn new(
@@ -87,7 +87,7 @@ impl KeyOffsets {
         ropes: Vec<Rope>,
         max_ctx: usize,
     ) -> Result<Self, KvError> {
-        let bad = |reason: &'static str| Err(KvError::KeyOffsets { reason });
+        let bad = |reason: &'static str| Err(KvError::Calibration { reason });
         let per_layer = geometry.kv_dim();
         let d = geometry.head_dim;
         if means.len() != geometry.n_layers.saturating_mul(per_layer) {
@@ -143,13 +143,13 @@ impl KeyOffsets {
     /// [`new`](Self::new) takes. `skip` leaves out the first positions (the first token's
     /// key is an outlier in most models).
     ///
-    /// Errors with [`KvError::KeyOffsets`] when the keys are not f32, `ropes` is not one
+    /// Errors with [`KvError::Calibration`] when the keys are not f32, `ropes` is not one
     /// per layer or `skip ≥ len`; with the store's error when a view fails.
     pub fn calibrate(kv: &dyn KvStore, ropes: &[Rope], skip: usize) -> Result<Vec<f32>, KvError> {
         let g = kv.geometry();
         let (d, per_layer) = (g.head_dim, g.kv_dim());
         if ropes.len() != g.n_layers || skip >= kv.len() || !d.is_multiple_of(2) {
-            return Err(KvError::KeyOffsets {
+            return Err(KvError::Calibration {
                 reason: "calibration needs one RoPE per layer and positions past the skipped",
             });
         }
@@ -162,7 +162,7 @@ impl KeyOffsets {
             let mut count = 0usize;
             for seg in view.segments() {
                 let super::KvRows::F32(keys) = seg.keys() else {
-                    return Err(KvError::KeyOffsets {
+                    return Err(KvError::Calibration {
                         reason: "calibration needs f32 keys",
                     });
                 };
@@ -221,7 +221,7 @@ impl KeyOffsets {
     }
 
     /// Whether these offsets can serve a store of `geometry` holding up to `max_ctx`
-    /// positions with K rows of `k_type`: [`KvError::KeyOffsets`] if not.
+    /// positions with K rows of `k_type`: [`KvError::Calibration`] if not.
     pub(super) fn check_store(
         &self,
         geometry: KvGeometry,
@@ -237,7 +237,7 @@ impl KeyOffsets {
         } else {
             return Ok(());
         };
-        Err(KvError::KeyOffsets { reason })
+        Err(KvError::Calibration { reason })
     }
 }
 
@@ -466,13 +466,19 @@ mod store_tests {
                 assert_eq!(kv.codecs().0.calibration(), o.means());
                 assert_eq!(bytes(kv.as_ref(), layer), want, "layer {layer}");
                 let view = kv.view(layer).unwrap();
-                assert_eq!(view.key_offset(257, 1), o.rotated(layer, 257, 1));
+                assert_eq!(view.codecs().0.key_offset(257, 1), o.rotated(layer, 257, 1));
             }
             // Without offsets the stored keys differ (the offsets are not zero).
             assert_ne!(bytes(plain.as_ref(), layer), want);
             assert!(
                 plain.codecs().0.calibration().is_empty()
-                    && plain.view(layer).unwrap().key_offset(0, 0).is_none()
+                    && plain
+                        .view(layer)
+                        .unwrap()
+                        .codecs()
+                        .0
+                        .key_offset(0, 0)
+                        .is_none()
             );
         }
     }

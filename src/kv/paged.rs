@@ -77,7 +77,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ndarray::{ArrayView2, Axis, Slice};
 use sha2::{Digest, Sha256};
 
-use super::elem::{Buf, KeyShift};
+use super::elem::Buf;
 use super::rows::checked_size;
 use super::{
     AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
@@ -238,8 +238,8 @@ struct Shared {
     account: Arc<Account>,
     cache: Mutex<Cache>,
     gate: Mutex<Gate>,
-    /// Key offsets (`kv/offsets.rs`) every sequence's keys are kept less of.
-    key_offsets: Option<Arc<KeyOffsets>>,
+    /// The codecs of every sequence's K and V rows (`kv/codec.rs`).
+    codecs: (KvCodec, KvCodec),
 }
 
 /// A pool of KV blocks that many [`PagedKv`] sequences draw from, with a prefix cache
@@ -285,49 +285,48 @@ impl KvPool {
                 account: Arc::default(),
                 cache: Mutex::default(),
                 gate: Mutex::default(),
-                key_offsets: None,
+                codecs: (KvCodec::new(types.0), KvCodec::new(types.1)),
             }),
         })
     }
 
-    /// The same new pool keeping every sequence's `q8_0` keys less `offsets`
-    /// (`kv/offsets.rs`; a model's come from
-    /// [`Llama::key_codec`](crate::model::Llama::key_codec)); its sequences' `max_ctx`
-    /// is then at most the positions the offsets cover.
+    /// The same new pool encoding every sequence's keys through `codec` (a model's
+    /// comes from [`Llama::key_codec`](crate::model::Llama::key_codec)); with a
+    /// calibration, its sequences' `max_ctx` is at most the positions it covers.
     ///
     /// # Errors
-    /// [`KvError::KeyOffsets`] when the pool has another handle already (a sequence or a
-    /// clone), its keys are not `q8_0` or the offsets' geometry is not the pool's.
-    pub fn with_key_offsets(mut self, offsets: Arc<KeyOffsets>) -> Result<KvPool, KvError> {
+    /// [`KvError::RowType`] when the codec's type is not the keys';
+    /// [`KvError::Calibration`] when the pool has another handle already (a sequence or
+    /// a clone) and another codec, or the calibration's geometry is not the pool's.
+    pub fn with_key_codec(mut self, codec: &KvCodec) -> Result<KvPool, KvError> {
+        if *codec == self.shared.codecs.0 {
+            return Ok(self);
+        }
         let Some(shared) = Arc::get_mut(&mut self.shared) else {
-            return Err(KvError::KeyOffsets {
-                reason: "key offsets are set on a new pool",
+            return Err(KvError::Calibration {
+                reason: "a key codec is set on a new pool",
             });
         };
-        offsets.check_store(shared.geometry, offsets.max_ctx(), shared.types.0)?;
-        shared.key_offsets = Some(offsets);
+        codec.check_store(shared.geometry, 0, shared.types.0)?;
+        shared.codecs.0 = codec.clone();
         Ok(self)
     }
 
-    /// The same new pool with keys of `codec` (its calibration, if any).
+    /// [`with_key_codec`](Self::with_key_codec) of the key codec kept less `offsets`
+    /// ([`KvCodec::with_key_offsets`]).
     ///
     /// # Errors
-    /// [`KvError::RowType`] when the codec's type is not the keys', and as
-    /// [`with_key_offsets`](Self::with_key_offsets).
-    pub fn with_key_codec(self, codec: &KvCodec) -> Result<KvPool, KvError> {
-        super::codec::check_key_codec(codec, self.shared.types.0)?;
-        match codec.key_offsets() {
-            Some(o) => self.with_key_offsets(o.clone()),
-            None => Ok(self),
-        }
+    /// As `with_key_codec`, and [`KvError::Calibration`] when the keys' type does not
+    /// calibrate.
+    pub fn with_key_offsets(self, offsets: Arc<KeyOffsets>) -> Result<KvPool, KvError> {
+        let codec = KvCodec::with_key_offsets(self.shared.types.0, offsets)?;
+        self.with_key_codec(&codec)
     }
 
     /// An empty sequence of at most `max_ctx` positions drawing blocks from this pool.
     pub fn sequence(&self, max_ctx: usize) -> Result<PagedKv, KvError> {
         checked_size(&self.shared.geometry, max_ctx, self.shared.types)?;
-        if let Some(o) = &self.shared.key_offsets {
-            o.check_store(self.shared.geometry, max_ctx, self.shared.types.0)?;
-        }
+        (self.shared.codecs.0).check_store(self.shared.geometry, max_ctx, self.shared.types.0)?;
         Ok(PagedKv {
             pool: self.clone(),
             max_ctx,
@@ -694,13 +693,7 @@ impl KvStore for PagedKv {
     }
 
     fn codecs(&self) -> (KvCodec, KvCodec) {
-        let s = &self.pool.shared;
-        let k = match &s.key_offsets {
-            Some(o) => KvCodec::with_key_offsets(s.types.0, o.clone())
-                .expect("offsets were set on q8_0 keys only"),
-            None => KvCodec::new(s.types.0),
-        };
-        (k, KvCodec::new(s.types.1))
+        self.pool.shared.codecs.clone()
     }
 
     fn kv_types(&self) -> (KvType, KvType) {
@@ -760,10 +753,7 @@ impl KvStore for PagedKv {
             start += n;
         }
         let view = KvView::new(g.n_kv_heads, g.head_dim, segments)?;
-        match &self.pool.shared.key_offsets {
-            Some(o) => view.with_key_offsets(o, layer),
-            None => Ok(view),
-        }
+        view.with_key_codec(&self.pool.shared.codecs.0, layer)
     }
 
     fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
@@ -821,17 +811,14 @@ impl KvStore for PagedKv {
         let (pool, at) = (self.pool.clone(), self.pending.as_ref().map_or(0, |p| p.at));
         self.write_runs(layer, |block, row, t0, t1| {
             let s = Slice::from(t0..t1);
-            let shift = pool.shared.key_offsets.as_deref().map(|offsets| KeyShift {
-                offsets,
-                layer,
-                pos: at + t0,
-            });
+            let (kc, vc) = &pool.shared.codecs;
+            let (kc, vc) = (kc.layer(layer), vc.layer(layer));
             block
                 .k
-                .encode(row, k.slice_axis(Axis(0), s), head_dim, shift);
+                .encode(row, k.slice_axis(Axis(0), s.clone()), head_dim, kc, at + t0);
             block
                 .v
-                .encode(row, v.slice_axis(Axis(0), s), head_dim, None);
+                .encode(row, v.slice_axis(Axis(0), s), head_dim, vc, at + t0);
         });
         Ok(())
     }

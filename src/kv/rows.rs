@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
-use super::elem::{Buf, KeyShift};
+use super::elem::Buf;
 use super::{
-    AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView,
-    check_begin, check_complete, check_rows, check_stored,
+    AllocGate, Gate, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvType, KvView, check_begin,
+    check_complete, check_rows, check_stored,
 };
 
 /// K and V rows of every layer with a live capacity; see the module docs.
@@ -47,8 +47,11 @@ pub(super) struct Rows {
     v: Buf,
     gate: Gate,
     pending: Option<Pending>,
-    /// Key offsets (`kv/offsets.rs`) and the model layer of each of these layers.
-    key_offsets: Option<(Arc<KeyOffsets>, Vec<usize>)>,
+    /// The codecs of K and of V (`kv/codec.rs`), which encode every row written.
+    codecs: (KvCodec, KvCodec),
+    /// `[n_layers]`: the model layer of each of these layers (what a calibrated codec
+    /// is indexed by).
+    model_layers: Vec<usize>,
 }
 
 /// An open append.
@@ -107,25 +110,20 @@ impl Rows {
             v: Buf::zeroed(types.1, kv_dim, rows, &None)?,
             gate: None,
             pending: None,
-            key_offsets: None,
+            codecs: (KvCodec::new(types.0), KvCodec::new(types.1)),
+            model_layers: (0..geometry.n_layers).collect(),
         })
     }
 
-    /// Encodes keys less `offsets` from now on, layer `l` of this store being the
+    /// Encodes keys through `codec` from now on, layer `l` of this store being the
     /// model's layer `layers[l]` (checked by the caller against the store).
-    pub(super) fn set_key_offsets(&mut self, offsets: Arc<KeyOffsets>, layers: Vec<usize>) {
-        self.key_offsets = Some((offsets, layers));
+    pub(super) fn set_key_codec(&mut self, codec: KvCodec, layers: Vec<usize>) {
+        self.codecs.0 = codec;
+        self.model_layers = layers;
     }
 
     pub(super) fn codecs(&self) -> (KvCodec, KvCodec) {
-        let (k, v) = self.kv_types();
-        let k = match &self.key_offsets {
-            Some((o, _)) => {
-                KvCodec::with_key_offsets(k, o.clone()).expect("offsets were set on q8_0 keys only")
-            }
-            None => KvCodec::new(k),
-        };
-        (k, KvCodec::new(v))
+        self.codecs.clone()
     }
 
     pub(super) fn set_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
@@ -194,10 +192,7 @@ impl Rows {
         let keys = self.k.view(at, rows, h);
         let values = self.v.view(at, rows, h);
         let view = KvView::new(h, d, vec![KvSegment::new(0, keys, values)?])?;
-        match &self.key_offsets {
-            Some((o, layers)) => view.with_key_offsets(o, layers[layer]),
-            None => Ok(view),
-        }
+        view.with_key_codec(&self.codecs.0, self.model_layers[layer])
     }
 
     pub(super) fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
@@ -274,13 +269,13 @@ impl Rows {
         check_rows(n, self.kv_dim, &k, &v)?;
         let dst = self.prepare_write(layer);
         let head_dim = self.geometry.head_dim;
-        let shift = self.key_offsets.as_ref().map(|(o, layers)| KeyShift {
-            offsets: o,
-            layer: layers[layer],
-            pos: at,
-        });
-        self.k.encode(dst, k, head_dim, shift);
-        self.v.encode(dst, v, head_dim, None);
+        let model_layer = self.model_layers[layer];
+        let (kc, vc) = (
+            self.codecs.0.layer(model_layer),
+            self.codecs.1.layer(model_layer),
+        );
+        self.k.encode(dst, k, head_dim, kc, at);
+        self.v.encode(dst, v, head_dim, vc, at);
         Ok(())
     }
 
@@ -351,7 +346,8 @@ impl Rows {
             v,
             gate: self.gate.clone(),
             pending: None,
-            key_offsets: self.key_offsets.clone(),
+            codecs: self.codecs.clone(),
+            model_layers: self.model_layers.clone(),
             geometry: self.geometry,
             kv_dim: self.kv_dim,
             max_ctx: self.max_ctx,
@@ -499,46 +495,46 @@ macro_rules! forward_store {
         }
 
         impl $store {
-            /// The same empty store keeping its `q8_0` keys less `offsets`
-            /// (`kv/offsets.rs`; a model's come from
-            /// [`Llama::key_codec`](crate::model::Llama::key_codec)).
-            ///
-            /// # Errors
-            /// [`KvError::KeyOffsets`](crate::kv::KvError::KeyOffsets) when the store holds
-            /// positions, its keys are not `q8_0`, or the offsets do not fit its geometry
-            /// or cover its `max_ctx`.
-            pub fn with_key_offsets(
-                mut self,
-                offsets: std::sync::Arc<$crate::kv::KeyOffsets>,
-            ) -> Result<Self, $crate::kv::KvError> {
-                use $crate::kv::KvStore;
-                if !self.is_empty() || self.0.is_open() {
-                    return Err($crate::kv::KvError::KeyOffsets {
-                        reason: "key offsets are set on an empty store",
-                    });
-                }
-                offsets.check_store(self.geometry(), self.max_ctx(), self.kv_types().0)?;
-                let layers = (0..self.geometry().n_layers).collect();
-                self.0.set_key_offsets(offsets, layers);
-                Ok(self)
-            }
-
-            /// The same empty store with keys of `codec` (its calibration, if any).
+            /// The same empty store encoding its keys through `codec` (a model's comes
+            /// from [`Llama::key_codec`](crate::model::Llama::key_codec)), calibration
+            /// and all.
             ///
             /// # Errors
             /// [`KvError::RowType`](crate::kv::KvError::RowType) when the codec's type
-            /// is not the keys', and as
-            /// [`with_key_offsets`](Self::with_key_offsets).
+            /// is not the keys'; [`KvError::Calibration`](crate::kv::KvError::Calibration)
+            /// when the store holds positions (and another codec) or the calibration does not fit its
+            /// geometry or cover its `max_ctx`.
             pub fn with_key_codec(
-                self,
+                mut self,
                 codec: &$crate::kv::KvCodec,
             ) -> Result<Self, $crate::kv::KvError> {
                 use $crate::kv::KvStore;
-                $crate::kv::codec::check_key_codec(codec, self.kv_types().0)?;
-                match codec.key_offsets() {
-                    Some(o) => self.with_key_offsets(o.clone()),
-                    None => Ok(self),
+                let changes = *codec != self.0.codecs().0;
+                if changes && (!self.is_empty() || self.0.is_open()) {
+                    return Err($crate::kv::KvError::Calibration {
+                        reason: "a key codec is set on an empty store",
+                    });
                 }
+                codec.check_store(self.geometry(), self.max_ctx(), self.kv_types().0)?;
+                let layers = (0..self.geometry().n_layers).collect();
+                self.0.set_key_codec(codec.clone(), layers);
+                Ok(self)
+            }
+
+            /// [`with_key_codec`](Self::with_key_codec) of the key codec kept less
+            /// `offsets` ([`KvCodec::with_key_offsets`](crate::kv::KvCodec::with_key_offsets)).
+            ///
+            /// # Errors
+            /// As `with_key_codec`, and
+            /// [`KvError::Calibration`](crate::kv::KvError::Calibration) when the keys'
+            /// type does not calibrate.
+            pub fn with_key_offsets(
+                self,
+                offsets: std::sync::Arc<$crate::kv::KeyOffsets>,
+            ) -> Result<Self, $crate::kv::KvError> {
+                use $crate::kv::KvStore;
+                let codec = $crate::kv::KvCodec::with_key_offsets(self.kv_types().0, offsets)?;
+                self.with_key_codec(&codec)
             }
         }
     };

@@ -3,8 +3,9 @@
 //! A view is a list of [`KvSegment`]s in ascending position order. A segment is a run of
 //! slots holding consecutive positions `start .. start + len`, its keys and values as
 //! [`KvRows`] of shape `[slots, n_kv_heads, head_dim]` in the store's element types (q8_0:
-//! `head_dim / 32` blocks per head; a q8_0 key store's view also carries its key offsets,
-//! [`KvView::key_offset`]). The layout is the store's business: the dense and growing
+//! `head_dim / 32` blocks per head). A view also carries the store's codecs for its layer
+//! ([`KvView::codecs`]): what attention must do to read the rows (a rotation, a key
+//! offset to add back). The layout is the store's business: the dense and growing
 //! stores hand out one segment (their rows `0..len`, contiguous); a ring of window slots
 //! hands out two (the tail of the ring, then its head); a page table one per page. The
 //! position of every slot is explicit (`start + i`), so attention computes its masks from
@@ -22,7 +23,8 @@ use ndarray::{ArrayView3, Axis, Slice};
 
 use half::{bf16, f16};
 
-use super::{BlockQ8_0, KeyOffsets, KvError, KvType, Q8_0_BLOCK};
+use super::codec::LayerCodec;
+use super::{BlockQ8_0, KvCodec, KvError, KvType, Q8_0_BLOCK};
 use crate::backend::Mask;
 
 /// One layer's keys or values for a run of slots, `[slots, n_kv_heads, units per head]`,
@@ -241,8 +243,8 @@ pub struct KvView<'a> {
     n_kv_heads: usize,
     head_dim: usize,
     segments: Vec<KvSegment<'a>>,
-    /// The store's key offsets, its layer, and the first KV head of this view.
-    key_offsets: Option<(&'a KeyOffsets, usize, usize)>,
+    /// The codecs of the keys and of the values ([`codecs`](Self::codecs)).
+    codecs: (LayerCodec<'a>, LayerCodec<'a>),
 }
 
 impl<'a> KvView<'a> {
@@ -290,71 +292,39 @@ impl<'a> KvView<'a> {
             }
             next = s.start + len;
         }
+        let (k, v) = first.unwrap_or((KvType::F32, KvType::F32));
         Ok(KvView {
             n_kv_heads,
             head_dim,
             segments,
-            key_offsets: None,
+            codecs: (LayerCodec::plain(k), LayerCodec::plain(v)),
         })
     }
 
-    /// The same view with its `q8_0` keys stored less the key offsets of `layer`
-    /// (`kv/offsets.rs`): attention adds [`key_offset`](Self::key_offset) back to each
-    /// key it reads.
+    /// The same view with its keys read through `codec`, the store's key codec, as of
+    /// model layer `layer` ([`KvCodec::layer`]): calibrated keys lack a key offset
+    /// attention adds back ([`LayerCodec::key_offset`]).
     ///
-    /// Errors with [`KvError::KeyOffsets`] when the keys are not `q8_0`, the head shape
-    /// is not the offsets', `layer` is not one of theirs, or a position held lies past
-    /// what they cover.
-    pub fn with_key_offsets(
-        mut self,
-        offsets: &'a KeyOffsets,
-        layer: usize,
-    ) -> Result<Self, KvError> {
-        let g = offsets.geometry();
-        let reason = if self
-            .kv_types()
-            .is_some_and(|t| !super::KvCodec::calibrates(t.0))
-        {
-            "key offsets need q8_0 keys"
-        } else if (self.n_kv_heads, self.head_dim) != (g.n_kv_heads, g.head_dim) {
-            "the offsets' heads are not the view's"
-        } else if layer >= g.n_layers {
-            "the offsets have no such layer"
-        } else if self.span().end > offsets.max_ctx() {
-            "the offsets cover fewer positions than the view holds"
-        } else {
-            self.key_offsets = Some((offsets, layer, 0));
-            return Ok(self);
-        };
-        Err(KvError::KeyOffsets { reason })
-    }
-
-    /// Whether attention must rotate its queries (the keys' codec rotates heads) and its
-    /// outputs (the values' codec does): [`KvCodec::rotated`](super::KvCodec::rotated)
-    /// of each; `(false, false)` for a view without segments.
-    pub fn rotations(&self) -> (bool, bool) {
-        let (k, v) = self.kv_types().unwrap_or((KvType::F32, KvType::F32));
-        (
-            super::KvCodec::new(k).rotated(),
-            super::KvCodec::new(v).rotated(),
-        )
-    }
-
-    /// Whether the keys are stored less key offsets ([`with_key_offsets`](Self::with_key_offsets)).
-    pub fn has_key_offsets(&self) -> bool {
-        self.key_offsets.is_some()
-    }
-
-    /// The rotated key offset `t_b` (`head_dim` values, `kv/offsets.rs`) that the stored
-    /// key of KV head `kvh` at position `pos` lacks, or `None` for a view without key
-    /// offsets (or a position or head it does not hold). Constant over each block of
-    /// [`KEY_OFFSET_BLOCK`](super::KEY_OFFSET_BLOCK) positions.
-    pub fn key_offset(&self, pos: usize, kvh: usize) -> Option<&'a [f32]> {
-        let (offsets, layer, kvh0) = self.key_offsets?;
-        if kvh >= self.n_kv_heads {
-            return None;
+    /// Errors with [`KvError::RowType`] when the keys are of another type than the
+    /// codec's, and with [`KvError::Calibration`] when the codec's calibration does not
+    /// cover the view (its heads, `layer`, a position held).
+    pub fn with_key_codec(mut self, codec: &'a KvCodec, layer: usize) -> Result<Self, KvError> {
+        if let Some((k, _)) = self.kv_types() {
+            super::codec::check_key_codec(codec, k)?;
         }
-        offsets.rotated(layer, pos, kvh0 + kvh)
+        let keys = codec.layer(layer);
+        keys.check_covers(self.n_kv_heads, self.head_dim, self.span().end)?;
+        self.codecs.0 = keys;
+        Ok(self)
+    }
+
+    /// The codecs of the keys and of the values as attention reads this view: whether
+    /// each rotates heads ([`LayerCodec::rotated`]: the query matched against such keys,
+    /// the output of such values rotated back) and the key offsets calibrated keys lack
+    /// ([`LayerCodec::key_offset`]). Plain codecs of the f32 type for a view without
+    /// segments made by [`new`](Self::new).
+    pub fn codecs(&self) -> (LayerCodec<'a>, LayerCodec<'a>) {
+        self.codecs
     }
 
     /// One segment of f32 rows at positions `0 .. len`: `keys`, `values`:
@@ -429,7 +399,7 @@ impl<'a> KvView<'a> {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             segments,
-            key_offsets: self.key_offsets,
+            codecs: self.codecs,
         }
     }
 
@@ -459,9 +429,10 @@ impl<'a> KvView<'a> {
                 .iter()
                 .map(|s| s.heads(heads.clone()))
                 .collect(),
-            key_offsets: self
-                .key_offsets
-                .map(|(o, layer, kvh0)| (o, layer, kvh0 + heads.start)),
+            codecs: (
+                self.codecs.0.heads(heads.clone()),
+                self.codecs.1.heads(heads),
+            ),
         }
     }
 }

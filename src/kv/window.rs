@@ -54,7 +54,7 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
-use super::elem::{Buf, KeyShift};
+use super::elem::Buf;
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
     AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
@@ -105,8 +105,8 @@ pub struct WindowKv {
     rings: Vec<Ring>,
     gate: Gate,
     pending: Option<Pending>,
-    /// Key offsets (`kv/offsets.rs`), also given to `global`.
-    key_offsets: Option<Arc<KeyOffsets>>,
+    /// The codecs of K and V (`kv/codec.rs`), the key codec also given to `global`.
+    codecs: (KvCodec, KvCodec),
 }
 
 /// Where a layer's rows live.
@@ -264,43 +264,43 @@ impl WindowKv {
             rings,
             gate: None,
             pending: None,
-            key_offsets: None,
+            codecs: (KvCodec::new(types.0), KvCodec::new(types.1)),
         })
     }
 
-    /// The same empty store keeping its `q8_0` keys less `offsets` (`kv/offsets.rs`; a
-    /// model's come from [`Llama::key_codec`](crate::model::Llama::key_codec)).
+    /// The same empty store encoding its keys through `codec` (a model's comes from
+    /// [`Llama::key_codec`](crate::model::Llama::key_codec)), calibration and all.
     ///
     /// # Errors
-    /// [`KvError::KeyOffsets`] when the store holds positions, its keys are not `q8_0`,
-    /// or the offsets do not fit its geometry or cover its `max_ctx`.
-    pub fn with_key_offsets(mut self, offsets: Arc<KeyOffsets>) -> Result<Self, KvError> {
-        if self.len > 0 || self.pending.is_some() || self.global.is_open() {
-            return Err(KvError::KeyOffsets {
-                reason: "key offsets are set on an empty store",
+    /// [`KvError::RowType`] when the codec's type is not the keys';
+    /// [`KvError::Calibration`] when the store holds positions (and another codec) or the
+    /// calibration does not fit its geometry or cover its `max_ctx`.
+    pub fn with_key_codec(mut self, codec: &KvCodec) -> Result<Self, KvError> {
+        let changes = *codec != self.codecs.0;
+        if changes && (self.len > 0 || self.pending.is_some() || self.global.is_open()) {
+            return Err(KvError::Calibration {
+                reason: "a key codec is set on an empty store",
             });
         }
-        offsets.check_store(self.geometry, self.max_ctx, self.types.0)?;
+        codec.check_store(self.geometry, self.max_ctx, self.types.0)?;
         let layers = (self.map.iter().enumerate())
             .filter(|(_, l)| matches!(l, Layer::Global(_)))
             .map(|(layer, _)| layer)
             .collect();
-        self.global.set_key_offsets(offsets.clone(), layers);
-        self.key_offsets = Some(offsets);
+        self.global.set_key_codec(codec.clone(), layers);
+        self.codecs.0 = codec.clone();
         Ok(self)
     }
 
-    /// The same empty store with keys of `codec` (its calibration, if any).
+    /// [`with_key_codec`](Self::with_key_codec) of the key codec kept less `offsets`
+    /// ([`KvCodec::with_key_offsets`]).
     ///
     /// # Errors
-    /// [`KvError::RowType`] when the codec's type is not the keys', and as
-    /// [`with_key_offsets`](Self::with_key_offsets).
-    pub fn with_key_codec(self, codec: &KvCodec) -> Result<Self, KvError> {
-        super::codec::check_key_codec(codec, self.types.0)?;
-        match codec.key_offsets() {
-            Some(o) => self.with_key_offsets(o.clone()),
-            None => Ok(self),
-        }
+    /// As `with_key_codec`, and [`KvError::Calibration`] when the keys' type does not
+    /// calibrate.
+    pub fn with_key_offsets(self, offsets: Arc<KeyOffsets>) -> Result<Self, KvError> {
+        let codec = KvCodec::with_key_offsets(self.types.0, offsets)?;
+        self.with_key_codec(&codec)
     }
 
     /// Consults `gate` before every later allocation (see [`AllocGate`]); `None` admits
@@ -464,10 +464,7 @@ impl WindowKv {
         }
         let (h, d) = (self.geometry.n_kv_heads, self.geometry.head_dim);
         let view = KvView::new(h, d, segments)?;
-        match &self.key_offsets {
-            Some(o) => view.with_key_offsets(o, layer),
-            None => Ok(view),
-        }
+        view.with_key_codec(&self.codecs.0, layer)
     }
 
     /// [`KvStore::write`] and [`KvRestore::write_stored`]: a global layer's rows go to the
@@ -524,13 +521,9 @@ impl WindowKv {
         }
         match rows_in {
             Incoming::F32(k, v) => {
-                let shift = self.key_offsets.as_deref().map(|offsets| KeyShift {
-                    offsets,
-                    layer,
-                    pos: s.first,
-                });
-                s.k.encode(0, k, geometry.head_dim, shift);
-                s.v.encode(0, v, geometry.head_dim, None);
+                let (kc, vc) = (self.codecs.0.layer(layer), self.codecs.1.layer(layer));
+                s.k.encode(0, k, geometry.head_dim, kc, s.first);
+                s.v.encode(0, v, geometry.head_dim, vc, s.first);
             }
             Incoming::Stored(k, v) => {
                 s.k.assign(0, k);
@@ -713,13 +706,13 @@ impl KvStore for WindowKv {
             rings,
             gate: self.gate.clone(),
             pending: None,
-            key_offsets: self.key_offsets.clone(),
+            codecs: self.codecs.clone(),
             ..*self
         })
     }
 
     fn codecs(&self) -> (KvCodec, KvCodec) {
-        self.global.codecs()
+        self.codecs.clone()
     }
 
     fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {

@@ -950,7 +950,7 @@ impl<K: KvStore> Session<K> {
                 || keys.kv_type() != types.0
                 || means.len() != geometry.n_layers.saturating_mul(geometry.kv_dim()))
         {
-            return Err(SessionError::Kv(KvError::KeyOffsets {
+            return Err(SessionError::Kv(KvError::Calibration {
                 reason: "the store's key calibration does not fit its geometry and key type",
             }));
         }

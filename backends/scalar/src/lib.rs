@@ -28,7 +28,7 @@ pub mod quant;
 mod rope;
 mod softmax;
 
-pub use softmax::{rotations, softmax_max, unrotate};
+pub use softmax::{softmax_max, unrotate};
 
 use kvcore::backend::{AttnParams, Backend, Rope, ShapeError, Weights, check};
 use kvcore::kv::KvView;

@@ -98,11 +98,11 @@ fn head_row<'a: 'b, 'b>(
 
 /// One layer's attention; shapes checked by the caller. Rows of every [`KvType`] are read
 /// in place: each key and value row is decoded (`quant::dequantize`, exactly as a weight
-/// row of the same format) just before its dot product or its weighted add. Rows whose
-/// codec rotates heads (`KvView::rotations`, `kvcore::kv::KvCodec`): against such keys
-/// each query head is rotated the same way and divided by the rotation length (exact)
-/// before its dot products; a sum of such values is rotated back after it. Keys stored
-/// less a key offset (`KvView::key_offset`) have it added back to the decoded row.
+/// row of the same format) just before its dot product or its weighted add. The view's
+/// codecs (`KvView::codecs`) say the rest: against keys whose codec rotates heads each
+/// query head is rotated the same way and divided by the rotation length (exact) before
+/// its dot products; a sum of such values is rotated back after it; a key stored less a
+/// key offset (`LayerCodec::key_offset`) has it added back to the decoded row.
 pub(crate) fn attention(
     q: ArrayView3<'_, f32>,
     q_pos: &[usize],
@@ -112,7 +112,8 @@ pub(crate) fn attention(
 ) -> Result<(), ShapeError> {
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
-    let (k_rot, v_rot) = rotations(kv);
+    let (keys, values) = kv.codecs();
+    let (k_rot, v_rot) = (keys.rotated(), values.rotated());
     let (mut scores, mut tmp, mut qrot, mut key) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, &pos) in q_pos.iter().enumerate() {
         for h in 0..n_heads {
@@ -129,7 +130,7 @@ pub(crate) fn attention(
                 for t in seg.visible(pos, params.mask) {
                     let mut k = head_row(seg.keys(), t, kvh, &mut tmp);
                     // A key stored less its key offset is the stored row plus it.
-                    if let Some(t_b) = kv.key_offset(seg.start() + t, kvh) {
+                    if let Some(t_b) = keys.key_offset(seg.start() + t, kvh) {
                         key.clear();
                         key.extend(k.iter().zip(t_b).map(|(a, b)| a + b));
                         k = &key;
@@ -158,11 +159,6 @@ pub(crate) fn attention(
         }
     }
     Ok(())
-}
-
-/// Whether the view's keys and values hold rotated heads ([`KvView::rotations`]).
-pub fn rotations(kv: &KvView<'_>) -> (bool, bool) {
-    kv.rotations()
 }
 
 /// `H q / n` ([`unrotate`]) in `buf`: a query head matched to rotated keys.

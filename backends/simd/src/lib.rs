@@ -56,7 +56,7 @@ mod x86;
 use kvcore::backend::{
     AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check, q8,
 };
-use kvcore::kv::{KEY_OFFSET_BLOCK, KvView};
+use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 use kvcore_scalar::Scalar;
 
@@ -326,8 +326,8 @@ impl Backend for Simd {
         // Keys of more than one block of key offsets: the parts' fold (each part's keys
         // share one offset).
         let span = kv.span();
-        let blocks = kv.has_key_offsets()
-            && span.start / KEY_OFFSET_BLOCK != span.end.saturating_sub(1) / KEY_OFFSET_BLOCK;
+        let blocks = (kv.codecs().0.offset_block())
+            .is_some_and(|b| span.start / b != span.end.saturating_sub(1) / b);
         dispatch!(
             self,
             k => if blocks {

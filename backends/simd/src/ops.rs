@@ -415,7 +415,7 @@ fn fold<K: Kernel>(
     f.part_stats.resize(n * n_heads, PartStat::EMPTY);
     // Queries against rotated (q8_0) keys are rotated once here for every part
     // (the same values each part would compute).
-    let k_rot = kvcore_scalar::rotations(kv).0;
+    let k_rot = kv.codecs().0.rotated();
     if k_rot {
         f.q.clear();
         f.q.extend(q.iter());
@@ -500,16 +500,18 @@ pub(crate) fn attention_part<K: Kernel>(
     }
     let (n, n_heads, hd) = q.dim();
     let group = n_heads / kv.n_kv_heads();
-    let (k_rot, v_rot) = kvcore_scalar::rotations(kv);
+    let (keys, values) = kv.codecs();
+    let (k_rot, v_rot) = (keys.rotated(), values.rotated());
     let tile = (TILE_VECS / group).max(1);
     // A position of the part's keys, for their key offset (every key of a part shares it).
     let block_pos = segs.first().map(|s| s.start().max(positions.start));
     debug_assert!(
-        !kv.has_key_offsets()
-            || segs.last().is_none_or(|s| {
+        keys.offset_block().is_none_or(|b| {
+            segs.last().is_none_or(|s| {
                 let last = (s.start() + s.len()).min(positions.end).saturating_sub(1);
-                block_pos.is_some_and(|p| p / KEY_OFFSET_BLOCK == last / KEY_OFFSET_BLOCK)
-            }),
+                block_pos.is_some_and(|p| p / b == last / b)
+            })
+        }),
         "one key offset per part"
     );
     // A segment's visible slots restricted to the part's positions.
@@ -629,7 +631,7 @@ pub(crate) fn attention_part<K: Kernel>(
                 // Keys stored less a key offset `t_b` (one per part: `KEY_OFFSET_BLOCK` is
                 // a multiple of `ATTN_PART`) score `scale · q·t_b` higher each: the part's
                 // softmax is the same, its maximum that much higher.
-                if let Some(t_b) = block_pos.and_then(|p| kv.key_offset(p, kvh)) {
+                if let Some(t_b) = block_pos.and_then(|p| keys.key_offset(p, kvh)) {
                     for (v, st) in sc.stats.iter_mut().enumerate() {
                         if !st.is_empty() {
                             let qv = &sc.q[v * hd..(v + 1) * hd];

@@ -10,7 +10,7 @@ use kvcore::backend::{
 };
 use kvcore::kv::codec::{encode_q8_0, hadamard, rotation_len};
 use kvcore::kv::{
-    BlockQ8_0, KeyOffsets, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK,
+    BlockQ8_0, KeyOffsets, KvCodec, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK,
 };
 use kvcore::ndarray::Array3;
 use std::sync::Arc;
@@ -281,9 +281,9 @@ pub struct Attention {
     pub kv_types: (KvType, KvType),
     /// Mask and scale.
     pub params: AttnParams,
-    /// Key offsets the `q8_0` keys are stored less of (layer 0 of one layer's offsets),
-    /// if any ([`with_key_offsets`](Attention::with_key_offsets)).
-    pub key_offsets: Option<Arc<KeyOffsets>>,
+    /// The key codec whose key offsets the `q8_0` keys are stored less of (layer 0 of
+    /// one layer's offsets), if any ([`with_key_offsets`](Attention::with_key_offsets)).
+    pub key_codec: Option<KvCodec>,
 }
 
 impl Attention {
@@ -302,7 +302,7 @@ impl Attention {
             cuts: Vec::new(),
             kv_types: (KvType::F32, KvType::F32),
             params: AttnParams::causal(shape.head_dim),
-            key_offsets: None,
+            key_codec: None,
         }
     }
 
@@ -327,7 +327,8 @@ impl Attention {
         };
         let offsets = KeyOffsets::new(geometry, means, vec![rope], self.n_keys.max(1))
             .expect("valid key offsets");
-        self.key_offsets = Some(Arc::new(offsets));
+        let codec = KvCodec::with_key_offsets(KvType::Q8_0, Arc::new(offsets));
+        self.key_codec = Some(codec.expect("q8_0 keys calibrate"));
         self
     }
 
@@ -406,8 +407,8 @@ impl Attention {
             .collect();
         let view =
             KvView::new(self.shape.n_kv_heads, self.shape.head_dim, segments).expect("ascending");
-        match &self.key_offsets {
-            Some(o) => view.with_key_offsets(o, 0).expect("offsets fit the view"),
+        match &self.key_codec {
+            Some(c) => view.with_key_codec(c, 0).expect("offsets fit the view"),
             None => view,
         }
     }
@@ -436,7 +437,7 @@ impl Attention {
     /// The keys and values as stored, `[n_keys, n_kv_heads, head_dim]` in their types.
     pub fn arrays(&self) -> (Encoded, Encoded) {
         let dims = (self.n_keys, self.shape.n_kv_heads, self.shape.head_dim);
-        let keys = match &self.key_offsets {
+        let keys = match self.key_codec.as_ref().and_then(KvCodec::key_offsets) {
             Some(o) => Encoded::less_offsets(&self.keys, dims, o),
             None => Encoded::new(self.kv_types.0, &self.keys, dims),
         };
@@ -446,7 +447,7 @@ impl Attention {
     /// The keys the oracle scores: the stored values decoded, plus the key offsets
     /// they were stored less of.
     fn oracle_keys(&self, keys: &Encoded) -> Vec<f32> {
-        let Some(o) = &self.key_offsets else {
+        let Some(o) = self.key_codec.as_ref().and_then(KvCodec::key_offsets) else {
             return keys.decoded();
         };
         let Encoded::Q8_0(a) = keys else {
@@ -658,7 +659,7 @@ impl Case for Attention {
             self.cuts,
             self.params,
             self.kv_types,
-            self.key_offsets.is_some()
+            self.key_codec.is_some()
         )
     }
     fn run<B: Backend>(&self, b: &B) -> Vec<f32> {

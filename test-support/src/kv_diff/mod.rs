@@ -1016,9 +1016,10 @@ fn check<S: KvStore>(seq: &Seq<S>, cap_before: usize, grow_rules: bool) -> Resul
         }
         for layer in 0..g.n_layers {
             let view = kv.view(layer).map_err(|e| format!("{name} view: {e}"))?;
-            let (has, end) = (view.has_key_offsets(), view.span().end.max(1));
+            let keys = view.codecs().0;
+            let (has, end) = (keys.offset_block().is_some(), view.span().end.max(1));
             let same = (0..g.n_kv_heads).all(|h| {
-                view.key_offset(end - 1, h)
+                keys.key_offset(end - 1, h)
                     == want_codec
                         .key_offsets()
                         .and_then(|o| o.rotated(layer, end - 1, h))
