@@ -30,8 +30,8 @@
 
 use std::sync::Arc;
 
-use super::elem::{BlockQ8_0, Q8_0_BLOCK};
-use super::{KEY_OFFSET_BLOCK, KeyOffsets, KvError, KvGeometry, KvStore, KvType};
+use super::elem::{BlockQ8_0, Q8_0_BLOCK, StoredRows};
+use super::{KEY_OFFSET_BLOCK, KeyOffsets, KvError, KvGeometry, KvRows, KvStore, KvType};
 use crate::backend::Rope;
 
 /// Positions of the calibration pass left out of the mean keys: the first token's key is
@@ -150,6 +150,28 @@ impl KvCodec {
             Some(o) => o.check_store(geometry, max_ctx, keys),
             None => Ok(()),
         }
+    }
+
+    /// Appends the stored units of `rows` (rows of this codec's type, any strides, in
+    /// logical order) to `out` in the type's little-endian file layout, the bytes of the
+    /// GGUF format [`KvType::dtype`] names; `flush` is called whenever `out` holds at
+    /// least `chunk` bytes. What state files write ([`stored_rows`](Self::stored_rows)
+    /// reads it back).
+    pub(crate) fn write_le<E>(
+        &self,
+        rows: KvRows<'_>,
+        out: &mut Vec<u8>,
+        chunk: usize,
+        flush: impl FnMut(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        debug_assert_eq!(rows.kv_type(), self.kv_type, "rows of this codec's type");
+        super::elem::rows_le(rows, out, chunk, flush)
+    }
+
+    /// A buffer for rows of this codec's type read back from the layout
+    /// [`write_le`](Self::write_le) writes.
+    pub(crate) fn stored_rows(&self) -> StoredRows {
+        StoredRows::new(self.kv_type)
     }
 
     /// The key offsets the keys are kept less of, if any.

@@ -245,3 +245,122 @@ fn fill<T: Copy>(dst: &mut [T], rows: ArrayView3<'_, T>) {
         *o = x;
     }
 }
+
+/// Appends the stored units of `rows` (any strides, in logical order) to `out` in the
+/// type's little-endian file layout (the bytes of the GGUF format of [`KvType::dtype`]),
+/// calling `flush` whenever `out` holds at least `chunk` bytes.
+pub(super) fn rows_le<E>(
+    rows: KvRows<'_>,
+    out: &mut Vec<u8>,
+    chunk: usize,
+    mut flush: impl FnMut(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), E> {
+    fn each<'a, T: 'a, E>(
+        units: impl Iterator<Item = &'a T>,
+        out: &mut Vec<u8>,
+        chunk: usize,
+        flush: &mut impl FnMut(&mut Vec<u8>) -> Result<(), E>,
+        put: impl Fn(&T, &mut Vec<u8>),
+    ) -> Result<(), E> {
+        for u in units {
+            put(u, out);
+            if out.len() >= chunk {
+                flush(out)?;
+            }
+        }
+        Ok(())
+    }
+    let f = &mut flush;
+    match rows {
+        KvRows::F32(a) => each(a.iter(), out, chunk, f, |v, b| {
+            b.extend_from_slice(&v.to_le_bytes())
+        }),
+        KvRows::F16(a) => each(a.iter(), out, chunk, f, |v, b| {
+            b.extend_from_slice(&v.to_bits().to_le_bytes())
+        }),
+        KvRows::BF16(a) => each(a.iter(), out, chunk, f, |v, b| {
+            b.extend_from_slice(&v.to_bits().to_le_bytes())
+        }),
+        KvRows::Q8_0(a) => each(a.iter(), out, chunk, f, |v, b| {
+            b.extend_from_slice(&v.d.to_bits().to_le_bytes());
+            b.extend(v.qs.iter().map(|&q| q as u8));
+        }),
+    }
+}
+
+/// Rows of one element type read back from their little-endian file layout
+/// ([`rows_le`]): an owned buffer, refilled for each layer.
+pub(crate) struct StoredRows {
+    data: Stored,
+}
+
+enum Stored {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+impl StoredRows {
+    /// An empty buffer of rows of `ty`.
+    pub(super) fn new(ty: KvType) -> StoredRows {
+        let data = match ty {
+            KvType::F32 => Stored::F32(Vec::new()),
+            KvType::F16 => Stored::F16(Vec::new()),
+            KvType::BF16 => Stored::BF16(Vec::new()),
+            KvType::Q8_0 => Stored::Q8_0(Vec::new()),
+        };
+        StoredRows { data }
+    }
+
+    /// Refills the buffer with `rows` rows of `kv_dim` values (a whole number of units:
+    /// the caller checked): `read` fills their bytes, in the file layout.
+    pub(crate) fn read<E>(
+        &mut self,
+        rows: usize,
+        kv_dim: usize,
+        read: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        fn fill<T: Pod, E>(
+            v: &mut Vec<T>,
+            len: usize,
+            read: impl FnOnce(&mut [u8]) -> Result<(), E>,
+            from_le: impl Fn(&mut T),
+        ) -> Result<(), E> {
+            v.clear();
+            v.resize(len, T::zeroed());
+            read(bytemuck::cast_slice_mut(v))?;
+            v.iter_mut().for_each(from_le);
+            Ok(())
+        }
+        match &mut self.data {
+            Stored::F32(v) => fill(v, rows * kv_dim, read, |x| {
+                *x = f32::from_bits(u32::from_le(x.to_bits()))
+            }),
+            Stored::F16(v) => fill(v, rows * kv_dim, read, |x| {
+                *x = f16::from_bits(u16::from_le(x.to_bits()))
+            }),
+            Stored::BF16(v) => fill(v, rows * kv_dim, read, |x| {
+                *x = bf16::from_bits(u16::from_le(x.to_bits()))
+            }),
+            Stored::Q8_0(v) => fill(v, rows * (kv_dim / Q8_0_BLOCK), read, |b| {
+                b.d = f16::from_bits(u16::from_le(b.d.to_bits()))
+            }),
+        }
+    }
+
+    /// The rows read, `[rows, n_kv_heads, head_dim]`.
+    pub(crate) fn view(&self, rows: usize, n_kv_heads: usize, head_dim: usize) -> KvRows<'_> {
+        let err = "the buffer holds rows · kv_dim values";
+        let shape = (rows, n_kv_heads, head_dim);
+        match &self.data {
+            Stored::F32(v) => KvRows::F32(ArrayView3::from_shape(shape, v).expect(err)),
+            Stored::F16(v) => KvRows::F16(ArrayView3::from_shape(shape, v).expect(err)),
+            Stored::BF16(v) => KvRows::BF16(ArrayView3::from_shape(shape, v).expect(err)),
+            Stored::Q8_0(v) => {
+                let shape = (rows, n_kv_heads, head_dim / Q8_0_BLOCK);
+                KvRows::Q8_0(ArrayView3::from_shape(shape, v).expect(err))
+            }
+        }
+    }
+}

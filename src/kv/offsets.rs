@@ -32,11 +32,12 @@
 //!
 //! Whatever `m` is, the result is exact up to the quantisation: `m` only decides how much
 //! the quantiser has left to do. A model computes its `m` once from a calibration text
-//! ([`Llama::key_codec`](crate::model::Llama::key_codec), through [`KvCodec::for_keys`](crate::kv::KvCodec::for_keys)); a store given offsets
-//! ([`GrowKv::with_key_offsets`](crate::kv::GrowKv::with_key_offsets) and the others)
-//! uses them for every key it encodes, its views hand them to attention
-//! ([`KvView::key_offset`](crate::kv::KvView::key_offset)), and state files record `m`.
-//! Without offsets, a `q8_0` store keeps `Q8_0(H k)` as before.
+//! ([`Llama::key_codec`](crate::model::Llama::key_codec), through
+//! [`KvCodec::for_keys`](crate::kv::KvCodec::for_keys)); a store given that key codec
+//! ([`GrowKv::with_key_codec`](crate::kv::GrowKv::with_key_codec) and the others) encodes
+//! every key through it, its views hand it to attention
+//! ([`LayerCodec::key_offset`](crate::kv::LayerCodec::key_offset)), and state files record
+//! `m`. Without offsets, a `q8_0` store keeps `Q8_0(H k)`.
 
 use std::fmt;
 

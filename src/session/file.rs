@@ -35,7 +35,7 @@
 //! (its key codec's calibration, [`KvCodec::calibration`], `kv/offsets.rs`): its stored key rows mean something only
 //! together with those offsets, so a file loads only into a store with the same offsets,
 //! bit for bit, or into one without offsets when it has none
-//! ([`SessionError::KeyOffsetsMismatch`]).
+//! ([`SessionError::CalibrationMismatch`]).
 //!
 //! Version 2 (no key-offsets section) and version 1 (also an 80-byte header without
 //! `n_rows`, layers without `window`, every layer `0 .. n_tokens`) are still read, as
@@ -76,16 +76,14 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use half::{bf16, f16};
-use ndarray::ArrayView3;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::Session;
 use crate::backend::Backend;
 use crate::kv::{
-    Append, BlockQ8_0, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore, KvType,
-    Q8_0_BLOCK, restore_starts,
+    Append, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment, KvStore, KvType,
+    restore_starts,
 };
 use crate::model::Llama;
 
@@ -282,26 +280,27 @@ pub enum SessionError {
         /// The rows the layers declare (up to the first layer past `declared`).
         found: u64,
     },
-    /// The key-offsets section's `n_means` is neither 0 nor the header geometry's
-    /// `n_layers · n_kv_heads · head_dim` (only 0 for keys other than q8_0).
+    /// The calibration (key-offsets) section's `n_means` is neither 0 nor the header
+    /// geometry's `n_layers · n_kv_heads · head_dim` (only 0 for a key type whose codec
+    /// does not calibrate, [`KvCodec::calibrates`]).
     #[error(
-        "session file: the key-offsets section declares {found} means, it must hold {}",
+        "session file: the key calibration (key offsets) section declares {found} means, it must hold {}",
         means_allowed(*expected)
     )]
-    KeyOffsetsLength {
+    CalibrationLength {
         /// The file's `n_means`.
         found: u64,
-        /// The only other count allowed besides 0 (0 when the keys are not q8_0).
+        /// The only other count allowed besides 0 (0 when the keys do not calibrate).
         expected: u64,
     },
-    /// The file's q8_0 keys were stored less other key offsets than the target store
-    /// keeps its keys less of ([`KvCodec::calibration`]): the rows would decode to other
-    /// keys. Both must have none, or both the same means bit for bit.
-    #[error("session file does not match the store's key offsets: {}", offsets_mismatch(*file, *store))]
-    KeyOffsetsMismatch {
-        /// Whether the file records key offsets.
+    /// The file's keys were encoded under another calibration (key offsets) than the
+    /// target store's key codec ([`KvCodec::calibration`]): the rows would decode to
+    /// other keys. Both must have none, or both the same means bit for bit.
+    #[error("session file does not match the key codec's calibration (key offsets) of the store: {}", offsets_mismatch(*file, *store))]
+    CalibrationMismatch {
+        /// Whether the file records a calibration (key offsets).
         file: bool,
-        /// Whether the store has key offsets.
+        /// Whether the store's key codec has one.
         store: bool,
     },
     /// The application's check of the stored blob refused it.
@@ -331,7 +330,7 @@ fn window_name(w: &Option<u64>) -> String {
 /// The counts a key-offsets section may declare.
 fn means_allowed(expected: u64) -> String {
     if expected == 0 {
-        "0 (no key offsets: they exist only for q8_0 keys)".to_string()
+        "0 (no key offsets: the keys' codec does not calibrate)".to_string()
     } else {
         format!("0 or {expected} (n_layers · n_kv_heads · head_dim)")
     }
@@ -341,17 +340,17 @@ fn means_allowed(expected: u64) -> String {
 fn offsets_mismatch(file: bool, store: bool) -> &'static str {
     match (file, store) {
         (true, false) => {
-            "the file's q8_0 keys were stored less key offsets, the store keeps its keys \
+            "the file's keys were stored less key offsets, the store keeps its keys \
              without any (a store made without the model's offsets, e.g. not through \
              Llama::new_kv_with_types)"
         }
         (false, true) => {
-            "the file's q8_0 keys were stored without key offsets, the store keeps its keys \
+            "the file's keys were stored without key offsets, the store keeps its keys \
              less the model's (a file saved from a store without offsets, or by an older \
              version of the format)"
         }
         _ => {
-            "the file's q8_0 keys were stored less other key offsets than the store's \
+            "the file's keys were stored less other key offsets than the store's \
              (saved by another backend or build)"
         }
     }
@@ -590,67 +589,6 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(v)
 }
 
-/// One layer's K or V rows as read from a file, in the file's (and the store's) type.
-enum Stored {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8_0(Vec<BlockQ8_0>),
-}
-
-impl Stored {
-    fn new(ty: KvType) -> Stored {
-        match ty {
-            KvType::F16 => Stored::F16(Vec::new()),
-            KvType::BF16 => Stored::BF16(Vec::new()),
-            KvType::Q8_0 => Stored::Q8_0(Vec::new()),
-            KvType::F32 => Stored::F32(Vec::new()),
-        }
-    }
-
-    /// Reads `rows` rows of `kv_dim` values (a whole number of units: the header's
-    /// layout check).
-    fn read<R: Read>(
-        &mut self,
-        src: &mut Source<R>,
-        rows: usize,
-        kv_dim: usize,
-    ) -> Result<(), SessionError> {
-        fn sized<T: bytemuck::Pod>(v: &mut Vec<T>, len: usize) -> &mut [T] {
-            v.clear();
-            v.resize(len, T::zeroed());
-            v
-        }
-        match self {
-            Stored::F32(v) => src.units(sized(v, rows * kv_dim), |x| {
-                *x = f32::from_bits(u32::from_le(x.to_bits()))
-            }),
-            Stored::F16(v) => src.units(sized(v, rows * kv_dim), |x| {
-                *x = f16::from_bits(u16::from_le(x.to_bits()))
-            }),
-            Stored::BF16(v) => src.units(sized(v, rows * kv_dim), |x| {
-                *x = bf16::from_bits(u16::from_le(x.to_bits()))
-            }),
-            Stored::Q8_0(v) => src.units(sized(v, rows * (kv_dim / Q8_0_BLOCK)), |b| {
-                b.d = f16::from_bits(u16::from_le(b.d.to_bits()))
-            }),
-        }
-    }
-
-    /// The rows read, `[rows, n_kv_heads, head_dim]`.
-    fn view(&self, rows: usize, h: usize, d: usize) -> KvRows<'_> {
-        let err = "the buffer holds rows · kv_dim values";
-        match self {
-            Stored::F32(v) => KvRows::F32(ArrayView3::from_shape((rows, h, d), v).expect(err)),
-            Stored::F16(v) => KvRows::F16(ArrayView3::from_shape((rows, h, d), v).expect(err)),
-            Stored::BF16(v) => KvRows::BF16(ArrayView3::from_shape((rows, h, d), v).expect(err)),
-            Stored::Q8_0(v) => {
-                KvRows::Q8_0(ArrayView3::from_shape((rows, h, d / Q8_0_BLOCK), v).expect(err))
-            }
-        }
-    }
-}
-
 /// The reading side: a reader, the SHA-256 of everything read through
 /// [`read`](Source::read), and the position for [`SessionError::Truncated`].
 struct Source<R> {
@@ -771,21 +709,20 @@ impl<W: Write> Sink<W> {
         self.inner.write_all(bytes)
     }
 
-    /// Writes rows (any layout, in logical order) in their type's little-endian layout.
-    fn rows(&mut self, rows: KvRows<'_>) -> io::Result<()> {
-        match rows {
-            KvRows::F32(a) => self.units(a.iter(), |v, b| b.extend_from_slice(&v.to_le_bytes())),
-            KvRows::F16(a) => self.units(a.iter(), |v, b| {
-                b.extend_from_slice(&v.to_bits().to_le_bytes())
-            }),
-            KvRows::BF16(a) => self.units(a.iter(), |v, b| {
-                b.extend_from_slice(&v.to_bits().to_le_bytes())
-            }),
-            KvRows::Q8_0(a) => self.units(a.iter(), |v, b| {
-                b.extend_from_slice(&v.d.to_bits().to_le_bytes());
-                b.extend(v.qs.iter().map(|&q| q as u8));
-            }),
-        }
+    /// Writes rows (any layout, in logical order) of `codec`'s type in its file layout
+    /// ([`KvCodec::write_le`]), in staged chunks.
+    fn rows(&mut self, codec: &KvCodec, rows: KvRows<'_>) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let result = codec
+            .write_le(rows, &mut buf, STAGING, |b| {
+                self.write(b)?;
+                b.clear();
+                Ok(())
+            })
+            .and_then(|()| self.write(&buf));
+        buf.clear();
+        self.buf = buf;
+        result
     }
 
     /// Writes every unit of `values` through `put`, in staged chunks.
@@ -941,7 +878,8 @@ impl<K: KvStore> Session<K> {
             spans.push(span(&self.kv, layer, view.segments(), n)?);
         }
         let types = self.kv.kv_types();
-        let (keys, _) = self.kv.codecs();
+        let codecs = self.kv.codecs();
+        let keys = &codecs.0;
         let means = keys.calibration();
         // A calibration is one value per layer and key element, of a key type that
         // calibrates; a store that says otherwise could not be read back.
@@ -986,9 +924,9 @@ impl<K: KvStore> Session<K> {
             sink.write(&(start as u64).to_le_bytes()).map_err(io)?;
             sink.write(&(count as u64).to_le_bytes()).map_err(io)?;
             sink.write(&window.to_le_bytes()).map_err(io)?;
-            for keys in [true, false] {
+            for (keys, codec) in [(true, &codecs.0), (false, &codecs.1)] {
                 for s in view.segments() {
-                    sink.rows(if keys { s.keys() } else { s.values() })
+                    sink.rows(codec, if keys { s.keys() } else { s.values() })
                         .map_err(io)?;
                 }
             }
@@ -1079,7 +1017,8 @@ impl<K: KvRestore> Session<K> {
             });
         }
         let n = layout.n_tokens;
-        let store_means = self.kv.codecs().0.calibration().to_vec();
+        let codecs = self.kv.codecs();
+        let store_means = codecs.0.calibration().to_vec();
         let mut tx = Append::begin_restore(&mut self.kv, n)?;
 
         let mut tokens = vec![0u32; n];
@@ -1103,7 +1042,7 @@ impl<K: KvRestore> Session<K> {
         // anything is sized by it; then against the store's, before any row is written.
         let n_means = if layout.offsets { src.u64()? } else { 0 };
         if n_means != 0 && n_means != layout.n_means as u64 {
-            return Err(SessionError::KeyOffsetsLength {
+            return Err(SessionError::CalibrationLength {
                 found: n_means,
                 expected: layout.n_means as u64,
             });
@@ -1126,7 +1065,7 @@ impl<K: KvRestore> Session<K> {
                 actual: len,
             });
         }
-        let mismatch = SessionError::KeyOffsetsMismatch {
+        let mismatch = SessionError::CalibrationMismatch {
             file: n_means != 0,
             store: !store_means.is_empty(),
         };
@@ -1152,7 +1091,8 @@ impl<K: KvRestore> Session<K> {
         // isize; with no layer, nothing is read into them.
         let kv_dim = expected.kv_dim();
         let (h, d) = (expected.n_kv_heads, expected.head_dim);
-        let (mut k, mut v) = (Stored::new(header.types.0), Stored::new(header.types.1));
+        // The store's codecs are of the file's types (checked above).
+        let (mut k, mut v) = (codecs.0.stored_rows(), codecs.1.stored_rows());
         let mut found = 0u64;
         for layer in 0..expected.n_layers {
             let (start, count) = (src.u64()?, src.u64()?);
@@ -1183,8 +1123,8 @@ impl<K: KvRestore> Session<K> {
             }
             // count ≤ n_tokens here, so count · kv_dim fits (see above).
             let rows = count as usize;
-            k.read(&mut src, rows, kv_dim)?;
-            v.read(&mut src, rows, kv_dim)?;
+            k.read(rows, kv_dim, |b| src.read(b))?;
+            v.read(rows, kv_dim, |b| src.read(b))?;
             tx.write_stored(layer, k.view(rows, h, d), v.view(rows, h, d))?;
         }
         if found != layout.n_rows {

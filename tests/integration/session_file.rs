@@ -431,7 +431,7 @@ fn a_flipped_bit_anywhere_is_caught() {
                         | SessionError::TokenOutOfVocab { .. }
                         | SessionError::LayerPositions { .. }
                         | SessionError::WindowMismatch { .. }
-                        | SessionError::KeyOffsetsLength { .. }
+                        | SessionError::CalibrationLength { .. }
                 ),
                 "byte {at}: {err}"
             );

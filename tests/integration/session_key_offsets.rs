@@ -6,8 +6,8 @@
 //!   holds the store's means after the blob;
 //! - its file refuses to load into a q8_0 store without offsets, a file of a store
 //!   without offsets (version 3 or 2) refuses to load into one with them, and a file of
-//!   other means refuses too: `KeyOffsetsMismatch`, leaving the target exactly as it was;
-//! - a corrupted `n_means` is a clear error (`KeyOffsetsLength`, `Truncated`), never a
+//!   other means refuses too: `CalibrationMismatch`, leaving the target exactly as it was;
+//! - a corrupted `n_means` is a clear error (`CalibrationLength`, `Truncated`), never a
 //!   panic or an allocation sized by it.
 
 use std::path::PathBuf;
@@ -171,7 +171,7 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
     assert!(
         matches!(
             err,
-            SessionError::KeyOffsetsMismatch {
+            SessionError::CalibrationMismatch {
                 file: true,
                 store: false
             }
@@ -187,7 +187,7 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
     assert!(
         matches!(
             err,
-            SessionError::KeyOffsetsMismatch {
+            SessionError::CalibrationMismatch {
                 file: true,
                 store: false
             }
@@ -207,7 +207,7 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
     assert!(
         matches!(
             err,
-            SessionError::KeyOffsetsMismatch {
+            SessionError::CalibrationMismatch {
                 file: true,
                 store: true
             }
@@ -232,7 +232,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
     assert!(
         matches!(
             err,
-            SessionError::KeyOffsetsMismatch {
+            SessionError::CalibrationMismatch {
                 file: false,
                 store: true
             }
@@ -250,7 +250,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
     assert!(
         matches!(
             err,
-            SessionError::KeyOffsetsMismatch {
+            SessionError::CalibrationMismatch {
                 file: false,
                 store: true
             }
@@ -284,7 +284,7 @@ fn a_corrupt_key_offsets_count_is_a_clear_error() {
     for bad in [u64::MAX, 1 << 62, count + 1, count - 1, 1] {
         let err = fails(&model, &mut target, &reseal(put_u64(good.clone(), at, bad)));
         assert!(
-            matches!(err, SessionError::KeyOffsetsLength { found, expected } if found == bad && expected == count),
+            matches!(err, SessionError::CalibrationLength { found, expected } if found == bad && expected == count),
             "{bad}: {err}"
         );
         assert!(err.to_string().contains("key-offsets section"), "{err}");
@@ -317,7 +317,7 @@ fn a_corrupt_key_offsets_count_is_a_clear_error() {
         &reseal(put_u64(f32_file, at, count)),
     );
     assert!(
-        matches!(err, SessionError::KeyOffsetsLength { found, expected: 0 } if found == count),
+        matches!(err, SessionError::CalibrationLength { found, expected: 0 } if found == count),
         "{err}"
     );
     // And the good file loads.
