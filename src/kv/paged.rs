@@ -815,7 +815,7 @@ impl KvStore for PagedKv {
             let (kc, vc) = (kc.layer(layer), vc.layer(layer));
             block
                 .k
-                .encode(row, k.slice_axis(Axis(0), s.clone()), head_dim, kc, at + t0);
+                .encode(row, k.slice_axis(Axis(0), s), head_dim, kc, at + t0);
             block
                 .v
                 .encode(row, v.slice_axis(Axis(0), s), head_dim, vc, at + t0);

@@ -284,7 +284,7 @@ pub enum SessionError {
     /// geometry's `n_layers · n_kv_heads · head_dim` (only 0 for a key type whose codec
     /// does not calibrate, [`KvCodec::calibrates`]).
     #[error(
-        "session file: the key calibration (key offsets) section declares {found} means, it must hold {}",
+        "session file: the key-offsets section (the key codec's calibration) declares {found} means, it must hold {}",
         means_allowed(*expected)
     )]
     CalibrationLength {
