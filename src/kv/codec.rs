@@ -23,7 +23,7 @@
 //! Dispatch: a codec is a small value (the type and, for calibrated keys, an `Arc` of
 //! its offsets) whose methods match on the type once per row, per head or per view,
 //! never per element; the element loops below each arm, and the backends' row readers
-//! (one per type and architecture, over [`KvRows`](super::KvRows)), are monomorphic.
+//! (one per type and architecture, over [`KvRows`]), are monomorphic.
 //! An enum keeps the hot paths static without a generic parameter on every store and
 //! view. A new type is a [`KvType`] and `KvRows` variant, its arm in each method here,
 //! and its row readers per architecture.
