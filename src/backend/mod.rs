@@ -14,11 +14,13 @@
 //!   the mismatch; once the shapes are checked a kernel cannot fail.
 
 mod dtype;
+pub mod format;
 mod part;
 pub mod q8;
 mod shape;
 
-pub use dtype::{DType, QK, QK_K, q4_k_scale_min};
+pub use dtype::{DType, QK, QK_K};
+pub use format::{BlockFormat, QuantFormat, q4_k_scale_min};
 pub use part::{PartStat, finish_part, merge_part};
 pub use q8::{Q8Acts, Q8Layout};
 pub use shape::{ShapeError, check};
@@ -286,8 +288,8 @@ pub trait Backend: Send + Sync {
 
     /// GEMV with 8-bit activations, llama.cpp's decode numerics: `y ← W x̂` for a
     /// block-quantised `w` and `x̂` from [`quantize_q8`](Backend::quantize_q8) in the
-    /// layout `w`'s format meets ([`Q8Layout::of`]: `Q8_0` for `Q8_0`, `Q4_0`, `Q4_1`,
-    /// `Q5_0`; `Q8_K` for `Q4_K`, `Q6_K`), with integer block dot products (see [`q8`]).
+    /// layout `w`'s format meets ([`Q8Layout::of`], [`QuantFormat::ACTS`]), with integer
+    /// block dot products (see [`q8`]).
     /// Plain-format weights and activations in the other layout are
     /// [`ShapeError::Unsupported`]. The default is the reference [`q8::gemv_reference`].
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {

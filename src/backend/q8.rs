@@ -67,8 +67,8 @@
 //! have no integer path: [`gemv_reference`] refuses them, and the model keeps those
 //! matrices on the f32 GEMV.
 
-use super::{DType, QK, QK_K, ShapeError, Weights, q4_k_scale_min};
-use half::f16;
+use super::format::q8_term;
+use super::{DType, QK, QK_K, ShapeError, Weights};
 
 /// The largest quantised magnitude.
 pub const Q8_MAX: f32 = 127.0;
@@ -107,10 +107,9 @@ impl Q8Layout {
     /// The layout `dtype`'s blocks meet in [`gemv_reference`], or `None` for a format
     /// without an integer path (the plain formats).
     pub const fn of(dtype: DType) -> Option<Q8Layout> {
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => Some(Q8Layout::Q8_0),
-            DType::Q4_K | DType::Q6_K => Some(Q8Layout::Q8_K),
-            _ => None,
+        match q8_term(dtype) {
+            Some((layout, _)) => Some(layout),
+            None => None,
         }
     }
 }
@@ -126,6 +125,18 @@ pub struct Q8Acts {
     /// `Q8_0` only: `[d, d·s]` per block (f32, `d·s` rounded once), interleaved: derived
     /// by [`fill`](Q8Acts::fill) for the kernels' block offset terms.
     pairs: Vec<f32>,
+}
+
+/// One block of a [`Q8Acts`]: what a weight block meets in
+/// [`QuantFormat::dot_q8`](super::format::QuantFormat::dot_q8).
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Block<'a> {
+    /// The scale `d_a`.
+    pub d: f32,
+    /// The quants, `[block_len]`.
+    pub values: &'a [i8],
+    /// Their sums, `[block_len / sum_len]`.
+    pub sums: &'a [i32],
 }
 
 /// Whether `dtype` has an 8-bit-activation GEMV ([`gemv_reference`], `Backend::gemv_q8`).
@@ -179,6 +190,19 @@ impl Q8Acts {
     /// The quantised values `q`, `[len]`.
     pub fn values(&self) -> &[i8] {
         &self.values
+    }
+
+    /// Block `b`.
+    ///
+    /// # Panics
+    /// If `b` is not a block of the vector.
+    pub fn block(&self, b: usize) -> Q8Block<'_> {
+        let (block, sum) = (self.layout.block_len(), self.layout.sum_len());
+        Q8Block {
+            d: self.scales[b],
+            values: &self.values[b * block..(b + 1) * block],
+            sums: &self.sums[b * block / sum..(b + 1) * block / sum],
+        }
     }
 
     /// The value each activation now stands for, `d·q` (f32), for tests and reports.
@@ -307,90 +331,6 @@ pub fn quantize_block_k(x: &[f32], q: &mut [i8]) -> f32 {
     1.0 / iscale
 }
 
-/// The f16 at `b[at..at + 2]`, widened.
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// One stored legacy weight block, decoded to `(d_w, m, quants)` with `m` the per-block
-/// offset coefficient (`0`, `−8·d_w`, `−16·d_w` or the stored `m`) and quants as integers.
-fn decode_block(dtype: DType, b: &[u8]) -> (f32, f64, [i32; QK]) {
-    let d = f16_at(b, 0);
-    let mut w = [0i32; QK];
-    match dtype {
-        DType::Q8_0 => {
-            for (wj, &byte) in w.iter_mut().zip(&b[2..34]) {
-                *wj = i32::from(byte as i8);
-            }
-            (d, 0.0, w)
-        }
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
-            let (qs, m, qh) = match dtype {
-                DType::Q4_0 => (&b[2..18], -8.0 * f64::from(d), 0),
-                DType::Q4_1 => (&b[4..20], f64::from(f16_at(b, 2)), 0),
-                _ => (
-                    &b[6..22],
-                    -16.0 * f64::from(d),
-                    u32::from_le_bytes([b[2], b[3], b[4], b[5]]),
-                ),
-            };
-            let bit = |j: usize| (((qh >> j) & 1) << 4) as i32;
-            for (j, &byte) in qs.iter().enumerate() {
-                w[j] = i32::from(byte & 15) | bit(j);
-                w[j + 16] = i32::from(byte >> 4) | bit(j + 16);
-            }
-            (d, m, w)
-        }
-        _ => unreachable!("checked by the caller"),
-    }
-}
-
-/// The `(scale, min)` integers of a super-block's sub-blocks (8 for `Q4_K`, 16 for
-/// `Q6_K`) and how many there are.
-type SubScales = ([(i32, i32); 16], usize);
-
-/// A K-format super-block decoded for the integer dot: `(d, dmin, quants, scales)` with
-/// `quants` the stored unsigned integers (`Q6_K`: minus 32) and, per sub-block of
-/// `dtype.block_len() / scales.len()` weights, the `(scale, min)` integers (`Q6_K`: min 0).
-fn decode_super_block(dtype: DType, b: &[u8]) -> (f32, f32, [i32; QK_K], SubScales) {
-    let mut w = [0i32; QK_K];
-    match dtype {
-        DType::Q4_K => {
-            let mut scales = [(0, 0); 16];
-            for (t, st) in scales.iter_mut().take(8).enumerate() {
-                let (sc, m) = q4_k_scale_min(&b[4..16], t);
-                *st = (i32::from(sc), i32::from(m));
-            }
-            for (g, q) in b[16..144].chunks_exact(32).enumerate() {
-                for (l, &byte) in q.iter().enumerate() {
-                    w[64 * g + l] = i32::from(byte & 15);
-                    w[64 * g + 32 + l] = i32::from(byte >> 4);
-                }
-            }
-            (f16_at(b, 0), f16_at(b, 2), w, (scales, 8))
-        }
-        DType::Q6_K => {
-            let (ql, qh) = (&b[..128], &b[128..192]);
-            for n in 0..2 {
-                for l in 0..32 {
-                    let (lo, hi, h) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
-                    let quants = [lo & 15, hi & 15, lo >> 4, hi >> 4];
-                    for (k, q) in quants.into_iter().enumerate() {
-                        let q = q | ((h >> (2 * k)) & 3) << 4;
-                        w[128 * n + 32 * k + l] = i32::from(q) - 32;
-                    }
-                }
-            }
-            let mut scales = [(0, 0); 16];
-            for (st, &s) in scales.iter_mut().zip(&b[192..208]) {
-                *st = (i32::from(s as i8), 0);
-            }
-            (f16_at(b, 208), 0.0, w, (scales, 16))
-        }
-        _ => unreachable!("checked by the caller"),
-    }
-}
-
 /// Each block's term of row `r` as f64 (module docs), with its magnitude (the same sum
 /// with every integer product and offset taken by absolute value, for error bounds).
 /// Shapes as [`gemv_reference`].
@@ -400,46 +340,56 @@ pub fn row_terms<'a>(
     x: &'a Q8Acts,
 ) -> impl Iterator<Item = (f64, f64)> + 'a {
     let dtype = w.dtype();
-    let block = dtype.block_len();
+    let (_, term) = q8_term(dtype).expect("a format with an 8-bit path (checked by the caller)");
     w.row(r)
         .chunks_exact(dtype.block_bytes())
         .enumerate()
-        .map(move |(b, bytes)| {
-            let qa = &x.values[b * block..(b + 1) * block];
-            let da = f64::from(x.scales[b]);
-            if block == QK {
-                let (dw, m, wq) = decode_block(dtype, bytes);
-                let (i, abs) = int_dot(&wq, qa);
-                let scale = f64::from(dw) * da;
-                let offset = m * da * f64::from(x.sums[b]);
-                return (
-                    scale * i as f64 + offset,
-                    scale.abs() * abs as f64 + offset.abs(),
-                );
-            }
-            let (d, dmin, wq, (scales, n_sub)) = decode_super_block(dtype, bytes);
-            let scales = &scales[..n_sub];
-            let sub = block / n_sub;
-            let sums = &x.sums[b * block / Q8K_SUM..(b + 1) * block / Q8K_SUM];
-            let (mut i, mut abs, mut mins, mut mins_abs) = (0i64, 0i64, 0i64, 0i64);
-            for (t, &(sc, m)) in scales.iter().enumerate() {
-                let range = t * sub..(t + 1) * sub;
-                let (it, at) = int_dot(&wq[range.clone()], &qa[range]);
-                i += i64::from(sc) * it;
-                abs += i64::from(sc).abs() * at;
-                let s: i64 = sums[t * sub / Q8K_SUM..(t + 1) * sub / Q8K_SUM]
-                    .iter()
-                    .map(|&s| i64::from(s))
-                    .sum();
-                mins += i64::from(m) * s;
-                mins_abs += (i64::from(m) * s).abs();
-            }
-            let (scale, min_scale) = (f64::from(d) * da, f64::from(dmin) * da);
-            (
-                scale * i as f64 - min_scale * mins as f64,
-                scale.abs() * abs as f64 + min_scale.abs() * mins_abs as f64,
-            )
-        })
+        .map(move |(b, bytes)| term(bytes, x.block(b)))
+}
+
+/// A legacy block's term `d_w·d_a·i + m·(d_a·s)` (module docs) and its magnitude, for
+/// the weight scale `d_w`, the offset coefficient `m` and the integer quants `w`.
+pub(crate) fn legacy_term(d_w: f32, m: f64, w: &[i32; QK], acts: Q8Block<'_>) -> (f64, f64) {
+    let (i, abs) = int_dot(w, acts.values);
+    let da = f64::from(acts.d);
+    let scale = f64::from(d_w) * da;
+    let offset = m * da * f64::from(acts.sums[0]);
+    (
+        scale * i as f64 + offset,
+        scale.abs() * abs as f64 + offset.abs(),
+    )
+}
+
+/// A K super-block's term `d·d_a·Σ_t sc_t·i_t − dmin·d_a·Σ_t m_t·s_t` (module docs) and
+/// its magnitude, for the integer quants `w` and per sub-block of
+/// `QK_K / scales.len()` weights the `(scale, min)` integers.
+pub(crate) fn k_term(
+    d: f32,
+    dmin: f32,
+    w: &[i32; QK_K],
+    scales: &[(i32, i32)],
+    acts: Q8Block<'_>,
+) -> (f64, f64) {
+    let sub = QK_K / scales.len();
+    let (mut i, mut abs, mut mins, mut mins_abs) = (0i64, 0i64, 0i64, 0i64);
+    for (t, &(sc, m)) in scales.iter().enumerate() {
+        let range = t * sub..(t + 1) * sub;
+        let (it, at) = int_dot(&w[range.clone()], &acts.values[range]);
+        i += i64::from(sc) * it;
+        abs += i64::from(sc).abs() * at;
+        let s: i64 = acts.sums[t * sub / Q8K_SUM..(t + 1) * sub / Q8K_SUM]
+            .iter()
+            .map(|&s| i64::from(s))
+            .sum();
+        mins += i64::from(m) * s;
+        mins_abs += (i64::from(m) * s).abs();
+    }
+    let da = f64::from(acts.d);
+    let (scale, min_scale) = (f64::from(d) * da, f64::from(dmin) * da);
+    (
+        scale * i as f64 - min_scale * mins as f64,
+        scale.abs() * abs as f64 + min_scale.abs() * mins_abs as f64,
+    )
 }
 
 /// `(Σ_j w_j q_j, Σ_j |w_j q_j|)`, exact.
@@ -466,6 +416,7 @@ pub fn gemv_reference(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     #[test]
     fn quantize_block_rounds_to_nearest_even_and_sums() {

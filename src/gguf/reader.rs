@@ -232,23 +232,19 @@ impl RawTensorInfo {
     }
 }
 
-/// The name of a ggml type id that exists in ggml (including ones kvcore does not
-/// implement), or `None` for an id ggml never assigned.
+/// The name of a ggml type id that exists in ggml, or `None` for an id ggml never
+/// assigned: a format kvcore implements by its [`DType`]'s name, any other from ggml's
+/// list.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
+    if let Some(dtype) = DType::from_ggml_type(id) {
+        return Some(dtype.name());
+    }
     Some(match id {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        6 => "Q5_0",
         7 => "Q5_1",
-        8 => "Q8_0",
         9 => "Q8_1",
         10 => "Q2_K",
         11 => "Q3_K",
-        12 => "Q4_K",
         13 => "Q5_K",
-        14 => "Q6_K",
         15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
@@ -264,7 +260,6 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         27 => "I64",
         28 => "F64",
         29 => "IQ1_M",
-        30 => "BF16",
         34 => "TQ1_0",
         35 => "TQ2_0",
         39 => "MXFP4",

@@ -99,9 +99,10 @@ impl Activations {
 /// A matmul input shared by the matmuls that read it: the f32 rows and, when 8-bit
 /// activations apply to some of them, their quantised forms, one per [`Q8Layout`]
 /// (`[Q8_0, Q8_K]`), each computed the first time a matrix needs it and then shared:
-/// `Q8_0` blocks of 32 for `Q8_0`/`Q4_*`/`Q5_0` matrices, `Q8_K` blocks of 256 for
-/// `Q4_K`/`Q6_K` (Gemma 3's `ffn_down` is `Q4_K` in some layers and `Q6_K` in others, its
-/// `attn_v` `Q5_0` or `Q8_0`), so an input is quantised at most once per layout.
+/// each matrix reads the layout its format pairs with
+/// ([`QuantFormat::ACTS`](crate::backend::QuantFormat::ACTS)), and one model may mix
+/// formats of both (Gemma 3's `ffn_down` differs between layers), so an input is
+/// quantised at most once per layout.
 ///
 /// In a batch the rows are several sequences' stacked; each sequence's rows are
 /// quantised or not as that sequence alone would be (see [`Llama::input`]).

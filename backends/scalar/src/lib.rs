@@ -4,10 +4,11 @@
 //! is tested against a float64 implementation (`tests/integration/scalar_reference.rs`). The kernels
 //! favour obviously-correct code over speed:
 //!
-//! - [`quant`]: the (de)quantisers of every [`DType`](kvcore::DType), byte-compatible
-//!   with the `gguf` Python package;
-//! - `matmul`: GEMV/GEMM, one weight row decoded at a time into a `[cols]` scratch, then a
-//!   left-to-right f32 dot product;
+//! - [`quant`]: the quantisers of every [`DType`](kvcore::DType), byte-compatible with
+//!   the `gguf` Python package, and the row decoder (each format's reference decode is
+//!   its type's in `kvcore::backend::format`);
+//! - `matmul`: GEMV/GEMM over those types, a left-to-right f32 dot product of each decoded
+//!   weight row;
 //! - `softmax`: max-subtracted softmax (an all-`−∞` row gives zeros) and attention over
 //!   a layer's view;
 //! - `rope`: both RoPE pairings, angles in f64;

@@ -1,17 +1,22 @@
 //! Reference GEMV (`y ← W x`) and GEMM (`Y ← X Wᵀ`) over every weight format.
 //!
-//! Algorithm: for each weight row `r`, decode the row into a `[cols]` f32 scratch with
-//! [`dequantize_row`] (the matrix itself is never decoded as a whole), then take its dot
-//! product with the activation row(s). The dot product is one f32 accumulator running
+//! Algorithm: the GEMV takes each weight row's reference dot product with `x`
+//! ([`dot_row`], the format's [`BlockFormat::dot`]: block by block decoded, then
+//! accumulated); the GEMM decodes each weight row once into a `[cols]` f32 scratch with
+//! [`dequantize_row`] (the matrix itself is never decoded as a whole) and takes its dot
+//! product with every activation row. The dot product is one f32 accumulator running
 //! left to right, `acc ← acc + w_j·x_j` with the product and the sum each rounded (no
 //! fused multiply-add), so the result is independent of how the work is blocked: GEMM row
 //! `t` is bitwise equal to `gemv(W, X[t])`.
+//!
+//! [`BlockFormat::dot`]: kvcore::backend::BlockFormat::dot
 //!
 //! Layouts: `W: [rows, cols]` in its stored format, `x: [cols]`, `y: [rows]`;
 //! `X: [n, cols]`, `Y: [n, rows]`, all row-major.
 
 use crate::quant::dequantize_row;
 use kvcore::backend::Weights;
+use kvcore::backend::format::dot_row;
 
 /// `Σ_j a_j·b_j` in f32, left to right, one rounding per product and per sum.
 ///
@@ -23,10 +28,8 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y ← W x`. Shapes are checked by the caller.
 pub(crate) fn gemv(w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
-    let mut row = vec![0.0; w.cols()];
     for (r, yr) in y.iter_mut().enumerate() {
-        dequantize_row(w, r, &mut row);
-        *yr = dot(&row, x);
+        *yr = dot_row(w.dtype(), w.row(r), x);
     }
 }
 

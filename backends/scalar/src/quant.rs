@@ -1,42 +1,10 @@
-//! Reference (de)quantisers for every [`DType`], byte-compatible with the `gguf` Python
-//! package (gguf-py `quants.py`).
+//! The reference quantisers of every [`DType`], byte-compatible with the `gguf` Python
+//! package (gguf-py `quants.py`), and the decoders they pair with.
 //!
-//! Decoding follows the layouts of `kvcore::backend` (`dtype.rs`): per 32-weight block a
-//! little-endian f16 scale `d` (and for `Q4_1` an f16 offset `m`), then the quants. Every
-//! product and sum is rounded to f32 separately, never fused, so the decoded values are
-//! bit for bit those of gguf-py's numpy dequantiser:
-//!
-//! | format | weight `j` of a block |
-//! |--------|------------------------|
-//! | `Q8_0` | `d·qs[j]` |
-//! | `Q4_0` | `d·(nibble_j − 8)` |
-//! | `Q4_1` | `(d·nibble_j) + m` (two roundings) |
-//! | `Q5_0` | `d·((nibble_j \| qh_j << 4) − 16)`, `qh_j` bit `j` of the block's `u32` |
-//!
-//! where `nibble_j` is the low nibble of `qs[j]` for `j < 16` and the high nibble of
-//! `qs[j − 16]` otherwise. The K formats (llama.cpp's `dequantize_row_q4_K` /
-//! `dequantize_row_q6_K`, gguf-py's `Q4_K` / `Q6_K`) decode a 256-weight super-block:
-//!
-//! - `Q4_K`: `d`, `dmin` (f16), `scales[12]`, `qs[128]`. Sub-block `s` (weights
-//!   `32s..32s + 32`) has a 6-bit scale `sc` and minimum `m`: for `s < 4`
-//!   `sc = scales[s] & 63`, `m = scales[s + 4] & 63`; for `s ≥ 4`
-//!   `sc = (scales[s + 4] & 15) | (scales[s − 4] >> 6) << 4` and
-//!   `m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4`. Bytes `qs[32g..32g + 32]` hold
-//!   sub-block `2g` in their low nibbles and `2g + 1` in their high ones;
-//!   `w = (d·sc)·q − dmin·m`.
-//! - `Q6_K`: `ql[128]`, `qh[64]`, `scales: [i8; 16]`, `d` (f16). In half `n` (weights
-//!   `128n..128n + 128`), with `L = ql[64n..]`, `H = qh[32n..]`, for `l < 32` the four
-//!   weights `l`, `l + 32`, `l + 64`, `l + 96` take the low nibble of `L[l]`, of
-//!   `L[l + 32]`, the high nibble of `L[l]`, of `L[l + 32]`, with bits `0–1`, `2–3`,
-//!   `4–5`, `6–7` of `H[l]` on top; weight `i` of the super-block has scale
-//!   `scales[i / 16]` and `w = (d·scale)·(q − 32)`.
-//!
-//! The scales `d·sc`, `dmin·m` and `d·scale` are exact in f32 (at most 19 significant
-//! bits), and so are the products with the quants in `Q5_0` and `Q4_K`; in `Q4_K` only
-//! the final subtraction rounds, once. A `Q6_K` product `(d·scale)·(q − 32)` can need 25
-//! bits and then rounds once, the same in any decoder that forms `d·scale` first (as
-//! llama.cpp and gguf-py do); in Gemma 3's file every one is exact
-//! (`shared/reference/README.md`, `quant-blocks-k.json`).
+//! Each format's layout and reference decode are its type's in
+//! [`kvcore::backend::format`]; [`dequantize`] runs that decoder over a row (bit for bit
+//! gguf-py's numpy dequantiser: every product and sum rounded to f32 separately, never
+//! fused), and [`quantize_row`] encodes one.
 //!
 //! Encoding of the legacy formats reproduces gguf-py's numpy quantisers, including their
 //! exact order of operations and intermediate precisions (see each `quantize_*`
@@ -46,6 +14,7 @@
 //! for the best scales, unlike llama.cpp's), for test data only.
 
 use half::f16;
+use kvcore::backend::format::decode_row;
 use kvcore::backend::{DType, QK, QK_K, ShapeError, Weights};
 
 /// Decode row `r` of `w` into `out`.
@@ -65,8 +34,8 @@ pub fn dequantize_row(w: &Weights<'_>, r: usize, out: &mut [f32]) {
 /// block boundary.
 ///
 /// # Panics
-/// If `out.len()` is not a whole number of blocks, `bytes` has the wrong length, or
-/// `dtype` is not in [`FORMATS`] (programming errors).
+/// If `out.len()` is not a whole number of blocks or `bytes` has the wrong length
+/// (programming errors).
 pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     let expected = dtype.row_bytes(out.len());
     assert_eq!(
@@ -76,125 +45,17 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         bytes.len(),
         out.len()
     );
-    let blocks = bytes.chunks_exact(dtype.block_bytes());
-    match dtype {
-        DType::F32 => {
-            for (o, b) in out.iter_mut().zip(blocks) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        DType::F16 => {
-            for (o, b) in out.iter_mut().zip(blocks) {
-                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        DType::BF16 => {
-            for (o, b) in out.iter_mut().zip(blocks) {
-                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-            }
-        }
-        DType::Q8_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(blocks) {
-                let d = f16_at(b, 0);
-                for (w, &q) in o.iter_mut().zip(&b[2..]) {
-                    *w = d * f32::from(q as i8);
-                }
-            }
-        }
-        DType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(blocks) {
-                let d = f16_at(b, 0);
-                let (lo, hi) = o.split_at_mut(QK / 2);
-                for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b[2..]) {
-                    *l = d * f32::from((q & 15) as i8 - 8);
-                    *h = d * f32::from((q >> 4) as i8 - 8);
-                }
-            }
-        }
-        DType::Q4_1 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(blocks) {
-                let d = f16_at(b, 0);
-                let m = f16_at(b, 2);
-                let (lo, hi) = o.split_at_mut(QK / 2);
-                for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b[4..]) {
-                    *l = d * f32::from(q & 15) + m;
-                    *h = d * f32::from(q >> 4) + m;
-                }
-            }
-        }
-        DType::Q5_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(blocks) {
-                let d = f16_at(b, 0);
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                let (lo, hi) = o.split_at_mut(QK / 2);
-                for (j, ((l, h), &q)) in lo.iter_mut().zip(hi).zip(&b[6..]).enumerate() {
-                    let bit = |k: usize| ((qh >> k) as u8 & 1) << 4;
-                    *l = d * f32::from(((q & 15) | bit(j)) as i8 - 16);
-                    *h = d * f32::from(((q >> 4) | bit(j + 16)) as i8 - 16);
-                }
-            }
-        }
-        DType::Q4_K => {
-            for (o, b) in out.chunks_exact_mut(QK_K).zip(blocks) {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let (scales, qs) = (&b[4..16], &b[16..]);
-                // Sub-blocks 2g and 2g + 1 share the 32 bytes qs[32g..32g + 32].
-                for (g, (o, q)) in o.chunks_exact_mut(64).zip(qs.chunks_exact(32)).enumerate() {
-                    let (lo, hi) = o.split_at_mut(32);
-                    for (s, half, nibble) in [(2 * g, lo, 0), (2 * g + 1, hi, 4)] {
-                        let (sc, m) = q4_k_scale_min(scales, s);
-                        let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
-                        for (w, &q) in half.iter_mut().zip(q) {
-                            *w = ds * f32::from((q >> nibble) & 15) - dm;
-                        }
-                    }
-                }
-            }
-        }
-        DType::Q6_K => {
-            for (o, b) in out.chunks_exact_mut(QK_K).zip(blocks) {
-                let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
-                let d = f16_at(b, 208);
-                for (n, o) in o.chunks_exact_mut(128).enumerate() {
-                    let (l_bytes, h_bytes) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32]);
-                    for (l, &h) in h_bytes.iter().enumerate() {
-                        // Quarter k of the half: weight 32k + l.
-                        let quants = [
-                            (l_bytes[l] & 15) | (h & 3) << 4,
-                            (l_bytes[l + 32] & 15) | ((h >> 2) & 3) << 4,
-                            (l_bytes[l] >> 4) | ((h >> 4) & 3) << 4,
-                            (l_bytes[l + 32] >> 4) | ((h >> 6) & 3) << 4,
-                        ];
-                        for (k, q) in quants.into_iter().enumerate() {
-                            let i = 32 * k + l;
-                            let sc = f32::from(scales[8 * n + i / 16] as i8);
-                            o[i] = (d * sc) * f32::from(q as i8 - 32);
-                        }
-                    }
-                }
-            }
-        }
-        other => unsupported(other),
-    }
+    decode_row(dtype, bytes, out);
 }
 
 /// The 6-bit `(scale, min)` of a `Q4_K` sub-block; defined beside the format in
 /// `kvcore::backend` and re-exported here for the decoders that import it from this crate.
 pub use kvcore::backend::q4_k_scale_min;
 
-/// The formats this crate implements, [`FORMATS`]; the backends check a weight's
-/// format at their entry points ([`check_format`]), so the decoders never see another.
-pub const FORMATS: [DType; 9] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q4_K,
-    DType::Q6_K,
-];
+/// The formats this crate implements: every [`DType`] (its kernels are written over
+/// [`kvcore::backend::format`]'s types). The backends check a weight's format at their
+/// entry points ([`check_format`]), so a kernel written for fewer never sees another.
+pub const FORMATS: [DType; DType::ALL.len()] = DType::ALL;
 
 /// [`ShapeError::Unsupported`] for a weight format outside [`FORMATS`] (a format a newer
 /// `kvcore` defines that this backend does not implement yet).
@@ -278,11 +139,6 @@ pub fn quantize_row(dtype: DType, values: &[f32]) -> Vec<u8> {
     out
 }
 
-/// `bfloat16` bits widened to f32: the bits become the top half of a binary32.
-fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
 /// ggml's `fp32_to_bf16`: NaN is forced quiet (keeping sign and top payload bits),
 /// everything else is rounded to nearest, ties to even, on the bit pattern (finite values
 /// past the bf16 range round to infinity).
@@ -292,11 +148,6 @@ fn f32_to_bf16(v: f32) -> u16 {
         return ((n >> 16) | 0x40) as u16;
     }
     ((u64::from(n) + 0x7fff + u64::from((n >> 16) & 1)) >> 16) as u16
-}
-
-/// The little-endian f16 at `bytes[at..at + 2]`, widened to f32.
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// The reciprocal of a block scale, or 0 for a zero scale (numpy's
