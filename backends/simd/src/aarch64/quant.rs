@@ -30,7 +30,7 @@
 use super::Neon;
 use super::dot::{load, store};
 use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
-use kvcore::backend::{DType, QK, Weights};
+use kvcore::backend::{QK, Weights};
 use std::arch::aarch64::*;
 
 /// Sixteen bytes from `b[0..16]`.
