@@ -21,13 +21,11 @@
 //! compared with the scalar reference only the order of the sum and the fused
 //! multiply-adds differ.
 
-use super::dot::{load, store};
-use half::f16;
-use kvcore::backend::{QK, Weights};
+use kvcore::backend::QK;
 use kvcore_scalar::quant::q4_k_scale_min;
 use std::arch::aarch64::*;
 
-pub(super) use crate::kformat::Format;
+use crate::kformat::{Format, f16_at};
 
 /// One decoded chunk: weights `4v..4v + 4` in vector `v`.
 type Chunk = [float32x4_t; 8];
@@ -39,7 +37,7 @@ impl Format {
     /// If `b` is not one whole block or `c` is past its last chunk.
     #[inline]
     #[target_feature(enable = "neon")]
-    fn chunk(self, b: &[u8], c: usize) -> Chunk {
+    pub(super) fn chunk(self, b: &[u8], c: usize) -> Chunk {
         assert_eq!(b.len(), self.dtype().block_bytes());
         assert!(c < self.dtype().block_len() / QK);
         let mut out = [vdupq_n_f32(0.0); 8];
@@ -94,11 +92,6 @@ impl Format {
     }
 }
 
-/// The little-endian f16 at `b[at..at + 2]`, widened (exact).
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
 /// `v >> s` in every lane (`s ≥ 0`).
 #[inline]
 #[target_feature(enable = "neon")]
@@ -121,67 +114,4 @@ fn u8x4(s: &[u8]) -> uint32x4_t {
     ];
     // SAFETY: `w` holds 4 u32, the 16 bytes `vld1q_u32` reads.
     unsafe { vld1q_u32(w.as_ptr()) }
-}
-
-/// `Σ_j w_j x_j` for one row of `fmt` (see the module docs).
-///
-/// # Panics
-/// If `row` does not hold `x.len()` weights.
-#[inline]
-#[target_feature(enable = "neon")]
-pub(super) fn dot(fmt: Format, row: &[u8], x: &[f32]) -> f32 {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(row.len()), dtype.row_bytes(x.len()));
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    for (b, xb) in row
-        .chunks_exact(dtype.block_bytes())
-        .zip(x.chunks_exact(dtype.block_len()))
-    {
-        for (c, xc) in xb.chunks_exact(QK).enumerate() {
-            for (v, w) in fmt.chunk(b, c).into_iter().enumerate() {
-                acc[v % 4] = vfmaq_f32(acc[v % 4], w, load(&xc[4 * v..]));
-            }
-        }
-    }
-    vaddvq_f32(vaddq_f32(
-        vaddq_f32(acc[0], acc[1]),
-        vaddq_f32(acc[2], acc[3]),
-    ))
-}
-
-/// `y ← W x` for a `w` of a format this file decodes.
-///
-/// # Panics
-/// If the shapes do not fit or `w`'s format is not `fmt`.
-#[target_feature(enable = "neon")]
-pub(super) fn gemv(fmt: Format, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows() && w.dtype() == fmt.dtype());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
-    }
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
-        *yr = dot(fmt, r, x);
-    }
-}
-
-/// Decode `out.len()` weights of `fmt` from `bytes`, bit for bit as the scalar decoder.
-///
-/// # Panics
-/// If `bytes` is not exactly `row_bytes(out.len())` long.
-#[target_feature(enable = "neon")]
-pub(super) fn dequantize(fmt: Format, bytes: &[u8], out: &mut [f32]) {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    for (b, ob) in bytes
-        .chunks_exact(dtype.block_bytes())
-        .zip(out.chunks_exact_mut(dtype.block_len()))
-    {
-        for (c, oc) in ob.chunks_exact_mut(QK).enumerate() {
-            for (v, w) in fmt.chunk(b, c).into_iter().enumerate() {
-                store(&mut oc[4 * v..], w);
-            }
-        }
-    }
 }

@@ -1,15 +1,19 @@
 //! aarch64 kernels: Advanced SIMD (NEON), 4 f32 lanes per register.
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
-//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
+//! - `quant.rs`: the block microkernels of every weight format (decode a block to lanes,
+//!   the `Q8_0`/`Q4_*` row loop) as `kformat::Blocks`, whose generic loops make the GEMV,
+//!   the decoder and the 8-bit quantiser (`kquant.rs`: the chunk decoders of `Q5_0`,
+//!   `Q4_K` and `Q6_K`);
 //! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
 //!   formats against it.
 //!
 //! Every kernel is a safe `#[target_feature(enable = "neon")]` function (Rust requires the
 //! attribute even though the `aarch64-unknown-linux-gnu` target enables NEON at compile
 //! time); the only `unsafe` outside the loads and stores is the call into that code from
-//! [`Neon`]'s trait methods, justified by the run-time detection that created the token.
+//! [`Neon`]'s trait methods (and its `kformat::Blocks` methods, which the generic loops
+//! call directly: NEON is on for every function of this target), justified by the
+//! run-time detection that created the token.
 
 mod dot;
 mod kquant;
@@ -17,6 +21,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
+use crate::kformat;
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 
 /// Proof that this CPU runs NEON: only [`Neon::detect`] creates one.
@@ -37,8 +42,7 @@ impl Neon {
 // run time. The callees check their slice lengths themselves.
 impl Kernel for Neon {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { quant::gemv(w, x, block_sums, y) }
+        kformat::gemv(self, w, x, block_sums, y)
     }
 
     fn quantize_q8(
@@ -49,8 +53,7 @@ impl Kernel for Neon {
         sums: &mut [i32],
         values: &mut [i8],
     ) {
-        // SAFETY: NEON detected (see above).
-        unsafe { q8::quantize(layout, x, scales, sums, values) }
+        kformat::quantize(self, layout, x, scales, sums, values)
     }
 
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
@@ -59,8 +62,7 @@ impl Kernel for Neon {
     }
 
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { quant::dequantize(dtype, bytes, out) }
+        kformat::dequantize(self, dtype, bytes, out)
     }
 
     fn scores<'a>(

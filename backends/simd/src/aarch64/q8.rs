@@ -1,15 +1,11 @@
 //! NEON kernels for 8-bit activations (`kvcore::backend::q8` has the numerics), baseline
 //! Advanced SIMD only (no `sdot`/`i8mm`).
 //!
-//! - `quantize`: per block of 32, the eight 4-lane vectors' absolute values (`vabsq_f32`),
-//!   a finiteness test `|x| < inf` (false for NaN and ±inf) and the absolute maximum by
-//!   `vmaxq_f32`/`vmaxvq_f32` (exact, so any order gives the reference's `amax`);
-//!   `d = amax/127` and `1/d` in scalar f32 (the reference's operations), the products
-//!   `x·(1/d)` in f32 and `fcvtns` (`vcvtnq_s32_f32`: round to nearest, ties to even),
-//!   narrowed 32 → 16 → 8 bits (no value is out of range: `|q| ≤ 127`). The sum `Σq` in
-//!   i32. Bit for bit the reference quantiser; non-finite and tiny blocks take its special
-//!   cases. `Q8_K` (blocks of 256): the same with `iscale = −127/max` from the signed
-//!   maximum and `min(·, 127)`, sums per 16.
+//! - the quantiser's microkernels (`kformat::quantize` has its loop): `abs_max` by
+//!   `vabsq_f32`, a finiteness test `|x| < inf` (false for NaN and ±inf) and
+//!   `vmaxq_f32`/`vmaxvq_f32`; `quantize16`: the products in f32, `fcvtns`
+//!   (`vcvtnq_s32_f32`: to nearest, ties to even), `min(·, 127)`, narrowed 32 → 16 → 8
+//!   bits, and the sum `Σq` in i32.
 //! - `gemv` of `Q5_0`: as `Q4_0` below with the fifth bits OR-ed into the nibbles and an
 //!   offset of 16; of `Q4_K` and `Q6_K` against `Q8_K`: `dot_q4_k`, `dot_q6_k` (each
 //!   documented there).
@@ -32,15 +28,10 @@
 //! work is much longer than the FMA latency. Not measured on Arm hardware.
 
 use super::dot::load;
-use half::f16;
-use kvcore::backend::q8::Q8_MAX;
-use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, QK_K, Weights, q4_k_scale_min};
+use super::quant::load_bytes;
+use crate::kformat::{f16_at, gemv_start};
+use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
 use std::arch::aarch64::*;
-
-/// The little-endian f16 at `b[at..at + 2]`, widened (a block scale or offset).
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// Sixteen signed bytes from `b[0..16]`.
 ///
@@ -54,18 +45,6 @@ fn load_i8(b: &[i8]) -> int8x16_t {
     unsafe { vld1q_s8(b.as_ptr()) }
 }
 
-/// Sixteen bytes from `b[0..16]`.
-///
-/// # Panics
-/// If `b.len() < 16`.
-#[inline]
-#[target_feature(enable = "neon")]
-fn load_u8(b: &[u8]) -> uint8x16_t {
-    assert!(b.len() >= 16);
-    // SAFETY: 16 bytes are in bounds (asserted); bytes have no alignment requirement.
-    unsafe { vld1q_u8(b.as_ptr()) }
-}
-
 /// Sixteen signed bytes from `b[0..16]`, reinterpreted (a `Q8_0` block's quants).
 ///
 /// # Panics
@@ -73,7 +52,7 @@ fn load_u8(b: &[u8]) -> uint8x16_t {
 #[inline]
 #[target_feature(enable = "neon")]
 fn load_u8_as_i8(b: &[u8]) -> int8x16_t {
-    vreinterpretq_s8_u8(load_u8(b))
+    vreinterpretq_s8_u8(load_bytes(b))
 }
 
 /// Four i32 lanes narrowed to bytes (the values fit: `|v| ≤ 127`), 16 in order.
@@ -85,85 +64,39 @@ fn narrow16(i: &[int32x4_t]) -> int8x16_t {
     vcombine_s8(vmovn_s16(lo), vmovn_s16(hi))
 }
 
-/// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
-/// `Q8Acts::quantize`.
-///
-/// # Panics
-/// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
-#[target_feature(enable = "neon")]
-pub(super) fn quantize(
-    layout: Q8Layout,
-    x: &[f32],
-    scales: &mut [f32],
-    sums: &mut [i32],
-    values: &mut [i8],
-) {
-    let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
-    assert!(x.len() == values.len() && x.len() == scales.len() * block);
-    assert_eq!(sums.len(), scales.len() * per);
-    let cap = vdupq_n_s32(127);
-    let blocks = x
-        .chunks_exact(block)
-        .zip(values.chunks_exact_mut(block))
-        .zip(scales.iter_mut().zip(sums.chunks_exact_mut(per)));
-    for ((xb, qb), (d, s)) in blocks {
-        let v: Vec<float32x4_t> = xb.chunks_exact(4).map(|c| load(c)).collect();
-        let (finite, amax) = abs_max(&v);
-        if !finite || amax / Q8_MAX < f32::MIN_POSITIVE {
-            qb.fill(0);
-            s.fill(0);
-            *d = if finite { 0.0 } else { f32::NAN };
-            continue;
-        }
-        // `Q8_0`: `x·(1/d)`, `d = amax/127`; `Q8_K`: `iscale·x`, `iscale = −127/max`
-        // with `max` the first value of largest magnitude, `min(·, 127)`.
-        let (factor, scale) = match layout {
-            Q8Layout::Q8_0 => {
-                let dd = amax / Q8_MAX;
-                (1.0 / dd, dd)
-            }
-            Q8Layout::Q8_K => {
-                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
-                let iscale = -Q8_MAX / max;
-                (iscale, 1.0 / iscale)
-            }
-        };
-        // 16 values (four vectors) at a time; a sum covers one or two of them.
-        let mut group_sums = [0i32; QK_K / 16];
-        for ((vg, qg), gs) in v
-            .chunks_exact(4)
-            .zip(qb.chunks_exact_mut(16))
-            .zip(group_sums.iter_mut())
-        {
-            let i: [int32x4_t; 4] =
-                std::array::from_fn(|l| vminq_s32(vcvtnq_s32_f32(vmulq_n_f32(vg[l], factor)), cap));
-            // SAFETY: `qg` is 16 bytes (a `chunks_exact_mut(16)` chunk); bytes have no
-            // alignment requirement.
-            unsafe { vst1q_s8(qg.as_mut_ptr(), narrow16(&i)) };
-            *gs = vaddvq_s32(vaddq_s32(vaddq_s32(i[0], i[1]), vaddq_s32(i[2], i[3])));
-        }
-        let groups = layout.sum_len() / 16;
-        for (sj, g) in s.iter_mut().zip(group_sums.chunks_exact(groups)) {
-            *sj = g.iter().sum();
-        }
-        *d = scale;
-    }
-}
-
-/// Whether none of the lanes of `v` is NaN or infinite, and the largest `|x|` (exact,
-/// so any order gives the reference's `amax`; only meaningful when all are finite).
+/// Whether none of `x` (a multiple of 4 values) is NaN or infinite, and the largest
+/// `|x|` (exact, so any order gives the reference's `amax`; only meaningful when all are
+/// finite).
 #[inline]
 #[target_feature(enable = "neon")]
-fn abs_max(v: &[float32x4_t]) -> (bool, f32) {
+pub(super) fn abs_max(x: &[f32]) -> (bool, f32) {
     let inf = vdupq_n_f32(f32::INFINITY);
     let (mut fin, mut amax) = (vdupq_n_u32(u32::MAX), vdupq_n_f32(0.0));
-    for &vi in v {
-        let a = vabsq_f32(vi);
+    for c in x.chunks_exact(4) {
+        let a = vabsq_f32(load(c));
         // `|x| < inf`: false for ±inf and NaN.
         fin = vandq_u32(fin, vcltq_f32(a, inf));
         amax = vmaxq_f32(amax, a);
     }
     (vminvq_u32(fin) == u32::MAX, vmaxvq_f32(amax))
+}
+
+/// `q[0..16] ← min(round(x_j·factor), 127)` (`fcvtns`: to nearest, ties to even), narrowed
+/// 32 → 16 → 8 bits; returns `Σ q_j`.
+///
+/// # Panics
+/// If `x` or `q` holds fewer than 16 values.
+#[inline]
+#[target_feature(enable = "neon")]
+pub(super) fn quantize16(x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+    assert!(x.len() >= 16 && q.len() >= 16);
+    let cap = vdupq_n_s32(127);
+    let i: [int32x4_t; 4] = std::array::from_fn(|l| {
+        vminq_s32(vcvtnq_s32_f32(vmulq_n_f32(load(&x[4 * l..]), factor)), cap)
+    });
+    // SAFETY: `q` holds at least 16 bytes (asserted); bytes have no alignment requirement.
+    unsafe { vst1q_s8(q.as_mut_ptr(), narrow16(&i)) };
+    vaddvq_s32(vaddq_s32(vaddq_s32(i[0], i[1]), vaddq_s32(i[2], i[3])))
 }
 
 /// `Σ_j w_j a_j` over 32 signed bytes `w = (w0, w1)`, `a = (a0, a1)` as four i32 lanes
@@ -232,7 +165,7 @@ fn dot_nibbles<const FMT: u8>(row: &[u8], x: &Q8Acts) -> f32 {
             DType::Q5_0 => -16.0 * dw,
             _ => -8.0 * dw,
         };
-        let packed = load_u8(&b[qs..]);
+        let packed = load_bytes(&b[qs..]);
         let (a0, a1) = (load_i8(&a[..16]), load_i8(&a[16..]));
         let (mut lo, mut hi) = (vandq_u8(packed, mask), vshrq_n_u8::<4>(packed));
         if dtype == DType::Q5_0 {
@@ -284,7 +217,7 @@ fn dot_q4_k(row: &[u8], x: &Q8Acts) -> f32 {
             let (sc0, m0) = q4_k_scale_min(&b[4..16], 2 * g);
             let (sc1, m1) = q4_k_scale_min(&b[4..16], 2 * g + 1);
             let q = &b[16 + 32 * g..];
-            let (p0, p1) = (load_u8(q), load_u8(&q[16..]));
+            let (p0, p1) = (load_bytes(q), load_bytes(&q[16..]));
             let lo = |p| vreinterpretq_s8_u8(vandq_u8(p, mask));
             let hi = |p| vreinterpretq_s8_u8(vshrq_n_u8::<4>(p));
             let ag = &a[64 * g..];
@@ -336,8 +269,8 @@ fn dot_q6_k(row: &[u8], x: &Q8Acts) -> f32 {
             let lo_shift = vdupq_n_s8(-4 * (k / 2) as i8);
             let hi_shift = vdupq_n_s8(-2 * k as i8);
             for half in 0..2 {
-                let l = vandq_u8(vshlq_u8(load_u8(&low[16 * half..]), lo_shift), m15);
-                let h = vandq_u8(vshlq_u8(load_u8(&high[16 * half..]), hi_shift), m3);
+                let l = vandq_u8(vshlq_u8(load_bytes(&low[16 * half..]), lo_shift), m15);
+                let h = vandq_u8(vshlq_u8(load_bytes(&high[16 * half..]), hi_shift), m3);
                 let q = vorrq_u8(l, vshlq_n_u8::<4>(h));
                 let w = vsubq_s8(vreinterpretq_s8_u8(q), m32);
                 let av = load_i8(&a[32 * c + 16 * half..]);
@@ -384,12 +317,9 @@ fn dot_q8_0(row: &[u8], x: &Q8Acts) -> f32 {
 /// If the shapes do not fit (`x: [cols]`, `y: [rows]`) or `w` is a plain format.
 #[target_feature(enable = "neon")]
 pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
+    let Some(rb) = gemv_start(w, x.len(), y) else {
         return;
-    }
+    };
     let dtype = w.dtype();
     assert!(
         kvcore::backend::q8::supports(dtype),

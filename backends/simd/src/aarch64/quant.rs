@@ -27,26 +27,11 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
+use super::Neon;
 use super::dot::{load, store};
-use super::kquant::{self, Format};
-use half::f16;
-use kvcore::backend::{DType, QK, Weights};
+use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
+use kvcore::backend::{QK, Weights};
 use std::arch::aarch64::*;
-
-/// Plain-format codes for the const-generic decoders.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
-
-/// The little-endian f16 at `b[at..at + 2]`, widened (a block scale or offset).
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Bytes per element of plain format `FMT`.
-const fn width<const FMT: u8>() -> usize {
-    if FMT == F32 { 4 } else { 2 }
-}
 
 /// Sixteen bytes from `b[0..16]`.
 ///
@@ -54,7 +39,7 @@ const fn width<const FMT: u8>() -> usize {
 /// If `b.len() < 16`.
 #[inline]
 #[target_feature(enable = "neon")]
-fn load_bytes(b: &[u8]) -> uint8x16_t {
+pub(super) fn load_bytes(b: &[u8]) -> uint8x16_t {
     assert!(b.len() >= 16);
     // SAFETY: 16 bytes are in bounds (asserted); bytes have no alignment requirement.
     unsafe { vld1q_u8(b.as_ptr()) }
@@ -101,15 +86,6 @@ fn widen8<const FMT: u8>(b: &[u8]) -> [float32x4_t; 2] {
             vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
             vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
         ]
-    }
-}
-
-/// One weight of plain format `FMT` from `b[0..width]`, widened to f32.
-fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
-    match FMT {
-        F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        F16 => f16_at(b, 0),
-        _ => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
     }
 }
 
@@ -166,14 +142,6 @@ fn block_dot(q: [float32x4_t; 8], x: &[f32]) -> float32x4_t {
     vaddq_f32(p0, p1)
 }
 
-/// The block format of a row.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Block {
-    Q8_0,
-    Q4_0,
-    Q4_1,
-}
-
 impl Block {
     /// Decode one stored block into `(lanes, d, m)`; `m = 0` except for `Q4_1`.
     #[inline]
@@ -184,15 +152,6 @@ impl Block {
             Block::Q4_0 => (q4_lanes::<8>(&b[2..]), f16_at(b, 0), 0.0),
             Block::Q4_1 => (q4_lanes::<0>(&b[4..]), f16_at(b, 0), f16_at(b, 2)),
         }
-    }
-
-    fn bytes(self) -> usize {
-        match self {
-            Block::Q8_0 => DType::Q8_0,
-            Block::Q4_0 => DType::Q4_0,
-            Block::Q4_1 => DType::Q4_1,
-        }
-        .block_bytes()
     }
 }
 
@@ -222,128 +181,75 @@ fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     vaddvq_f32(vaddq_f32(now, next)) + offsets
 }
 
-/// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.
-///
-/// # Panics
-/// If `row` does not hold `x.len()` elements.
-#[inline]
-#[target_feature(enable = "neon")]
-fn dot_plain<const FMT: u8>(row: &[u8], x: &[f32]) -> f32 {
-    let wd = width::<FMT>();
-    assert_eq!(row.len(), x.len() * wd);
-    let n = x.len();
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    let mut i = 0;
-    while i + 16 <= n {
-        let [a, b] = widen8::<FMT>(&row[i * wd..]);
-        let [c, d] = widen8::<FMT>(&row[(i + 8) * wd..]);
-        acc[0] = vfmaq_f32(acc[0], a, load(&x[i..]));
-        acc[1] = vfmaq_f32(acc[1], b, load(&x[i + 4..]));
-        acc[2] = vfmaq_f32(acc[2], c, load(&x[i + 8..]));
-        acc[3] = vfmaq_f32(acc[3], d, load(&x[i + 12..]));
-        i += 16;
-    }
-    while i + 8 <= n {
-        let [a, b] = widen8::<FMT>(&row[i * wd..]);
-        acc[0] = vfmaq_f32(acc[0], a, load(&x[i..]));
-        acc[1] = vfmaq_f32(acc[1], b, load(&x[i + 4..]));
-        i += 8;
-    }
-    let v = vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]));
-    let mut s = vaddvq_f32(v);
-    for j in i..n {
-        s += widen1::<FMT>(&row[j * wd..]) * x[j];
-    }
-    s
-}
+// SAFETY (every `unsafe` block below): the callees are `#[target_feature(enable =
+// "neon")]` functions, which a `Neon` value proves may run (`aarch64/mod.rs`); they check
+// their slice lengths themselves.
+impl Blocks for Neon {
+    type F = float32x4_t;
+    const LANES: usize = 4;
+    type Chunk = [float32x4_t; 8];
+    type Eight = [float32x4_t; 2];
 
-/// `y ← W x`, one row at a time (the per-row format match is loop-invariant).
-///
-/// # Panics
-/// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
-#[target_feature(enable = "neon")]
-pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
+    #[inline(always)]
+    fn zero(self) -> float32x4_t {
+        unsafe { vdupq_n_f32(0.0) }
     }
-    let dtype = w.dtype();
-    if let Some(fmt) = Format::of(dtype) {
-        return kquant::gemv(fmt, w, x, y);
+    #[inline(always)]
+    fn splat(self, v: f32) -> float32x4_t {
+        unsafe { vdupq_n_f32(v) }
     }
-    for (r, yr) in w.data().chunks_exact(rb).zip(y.iter_mut()) {
-        *yr = match dtype {
-            DType::F32 => dot_plain::<F32>(r, x),
-            DType::F16 => dot_plain::<F16>(r, x),
-            DType::BF16 => dot_plain::<BF16>(r, x),
-            DType::Q8_0 => dot_blocks(Block::Q8_0, r, x, sums),
-            DType::Q4_0 => dot_blocks(Block::Q4_0, r, x, sums),
-            DType::Q4_1 => dot_blocks(Block::Q4_1, r, x, sums),
-            other => kvcore_scalar::quant::unsupported(other),
-        };
+    #[inline(always)]
+    fn add(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        unsafe { vaddq_f32(a, b) }
     }
-}
-
-/// Decode plain format `FMT` from `bytes` into `out`.
-#[target_feature(enable = "neon")]
-fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
-    let wd = width::<FMT>();
-    let mut oc = out.chunks_exact_mut(8);
-    let mut bc = bytes.chunks_exact(8 * wd);
-    for (o, b) in oc.by_ref().zip(bc.by_ref()) {
-        let [lo, hi] = widen8::<FMT>(b);
-        store(&mut o[..4], lo);
-        store(&mut o[4..], hi);
+    #[inline(always)]
+    fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        unsafe { vmulq_f32(a, b) }
     }
-    for (o, b) in oc
-        .into_remainder()
-        .iter_mut()
-        .zip(bc.remainder().chunks_exact(wd))
-    {
-        *o = widen1::<FMT>(b);
+    #[inline(always)]
+    fn mul_add(self, acc: float32x4_t, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        unsafe { vfmaq_f32(acc, a, b) }
     }
-}
-
-/// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
-#[target_feature(enable = "neon")]
-fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(fmt.bytes())
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let (q, d, m) = fmt.decode(b);
-        let (dv, mv) = (vdupq_n_f32(d), vdupq_n_f32(m));
-        for (l, lane) in q.into_iter().enumerate() {
-            let w = vmulq_f32(dv, lane);
-            let w = if fmt == Block::Q4_1 {
-                vaddq_f32(w, mv)
-            } else {
-                w
-            };
-            store(&mut o[4 * l..], w);
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> float32x4_t {
+        unsafe { load(s) }
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: float32x4_t) {
+        unsafe { store(s, v) }
+    }
+    #[inline(always)]
+    fn hsum(self, v: float32x4_t) -> f32 {
+        unsafe { vaddvq_f32(v) }
+    }
+    #[inline(always)]
+    fn widen8<const FMT: u8>(self, b: &[u8]) -> [float32x4_t; 2] {
+        unsafe { widen8::<FMT>(b) }
+    }
+    #[inline(always)]
+    fn block(self, fmt: Block, b: &[u8]) -> ([float32x4_t; 8], f32, f32) {
+        unsafe { fmt.decode(b) }
+    }
+    #[inline(always)]
+    fn chunk(self, fmt: Format, b: &[u8], c: usize) -> [float32x4_t; 8] {
+        unsafe { fmt.chunk(b, c) }
+    }
+    #[inline(always)]
+    fn touch_row(self, data: &[u8], rb: usize, i: usize) {
+        let _ = (data, rb, i);
+    }
+    #[inline(always)]
+    fn gemv_blocks(self, fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
+        for (r, yr) in w.data().chunks_exact(w.row_bytes()).zip(y.iter_mut()) {
+            *yr = unsafe { dot_blocks(fmt, r, x, sums) };
         }
     }
-}
-
-/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder.
-///
-/// # Panics
-/// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
-#[target_feature(enable = "neon")]
-pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    match dtype {
-        DType::F32 => decode_plain::<F32>(bytes, out),
-        DType::F16 => decode_plain::<F16>(bytes, out),
-        DType::BF16 => decode_plain::<BF16>(bytes, out),
-        DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
-        DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
-        DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => match Format::of(other) {
-            Some(fmt) => kquant::dequantize(fmt, bytes, out),
-            None => kvcore_scalar::quant::unsupported(other),
-        },
+    #[inline(always)]
+    fn abs_max(self, x: &[f32]) -> (bool, f32) {
+        unsafe { super::q8::abs_max(x) }
+    }
+    #[inline(always)]
+    fn quantize16(self, x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+        unsafe { super::q8::quantize16(x, factor, q) }
     }
 }

@@ -27,13 +27,12 @@
 //! then a rounded add), summed at the end; compared with the scalar reference only the
 //! order of the sum (and the scalar's own fusing, if any) differs.
 
-use super::dot::{hsum, load, store, touch_next};
-use super::quant::{f16_at, i8x16_to_f32, join, load_bytes};
+use super::quant::{i8x16_to_f32, join, load_bytes};
 use core::arch::wasm32::*;
-use kvcore::backend::{QK, Weights};
+use kvcore::backend::QK;
 use kvcore_scalar::quant::q4_k_scale_min;
 
-pub(super) use crate::kformat::Format;
+use crate::kformat::{Format, f16_at};
 
 /// One decoded chunk: weights `4v..4v + 4` in vector `v`.
 type Chunk = [v128; 8];
@@ -44,7 +43,7 @@ impl Format {
     /// # Panics
     /// If `b` is not one whole block or `c` is past its last chunk.
     #[inline(always)]
-    fn chunk(self, b: &[u8], c: usize) -> Chunk {
+    pub(super) fn chunk(self, b: &[u8], c: usize) -> Chunk {
         assert_eq!(b.len(), self.dtype().block_bytes());
         assert!(c < self.dtype().block_len() / QK);
         match self {
@@ -124,95 +123,9 @@ fn low_or_high_nibbles(v: v128, high: bool) -> v128 {
     }
 }
 
-/// `Σ_j w_j x_j` for one row of `fmt` (see the module docs).
-///
-/// # Panics
-/// If `row` does not hold `x.len()` weights.
-#[inline(always)]
-pub(super) fn dot(fmt: Format, row: &[u8], x: &[f32]) -> f32 {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(row.len()), dtype.row_bytes(x.len()));
-    let mut acc = [f32x4_splat(0.0); 4];
-    for (b, xb) in row
-        .chunks_exact(dtype.block_bytes())
-        .zip(x.chunks_exact(dtype.block_len()))
-    {
-        for (c, xc) in xb.chunks_exact(QK).enumerate() {
-            for (v, w) in fmt.chunk(b, c).into_iter().enumerate() {
-                acc[v % 4] = f32x4_add(acc[v % 4], f32x4_mul(w, load(&xc[4 * v..])));
-            }
-        }
-    }
-    hsum(f32x4_add(
-        f32x4_add(acc[0], acc[1]),
-        f32x4_add(acc[2], acc[3]),
-    ))
-}
-
-/// `y ← W x` for a `w` of a format this file decodes.
-///
-/// # Panics
-/// If the shapes do not fit or `w`'s format is not `fmt`.
-pub(super) fn gemv(fmt: Format, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows() && w.dtype() == fmt.dtype());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
-    }
-    // One loop per format, each with `fmt` a constant in the inlined `dot` and `chunk`:
-    // a `chunk` call per 32 weights would return its eight vectors through the stack.
-    let data = w.data();
-    let rows = data.chunks_exact(rb).zip(y.iter_mut()).enumerate();
-    match fmt {
-        Format::Q5_0 => rows.for_each(|(i, (r, yr))| {
-            touch_next(data, rb, i);
-            *yr = dot(Format::Q5_0, r, x);
-        }),
-        Format::Q4_K => rows.for_each(|(i, (r, yr))| {
-            touch_next(data, rb, i);
-            *yr = dot(Format::Q4_K, r, x);
-        }),
-        Format::Q6_K => rows.for_each(|(i, (r, yr))| {
-            touch_next(data, rb, i);
-            *yr = dot(Format::Q6_K, r, x);
-        }),
-    }
-}
-
-/// Decode `out.len()` weights of `fmt` from `bytes`, bit for bit as the scalar decoder.
-///
-/// # Panics
-/// If `bytes` is not exactly `row_bytes(out.len())` long.
-pub(super) fn dequantize(fmt: Format, bytes: &[u8], out: &mut [f32]) {
-    // One loop per format, as in `gemv`.
-    match fmt {
-        Format::Q5_0 => decode(Format::Q5_0, bytes, out),
-        Format::Q4_K => decode(Format::Q4_K, bytes, out),
-        Format::Q6_K => decode(Format::Q6_K, bytes, out),
-    }
-}
-
-/// `dequantize`'s loop, inlined into each of its arms.
-#[inline(always)]
-fn decode(fmt: Format, bytes: &[u8], out: &mut [f32]) {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    for (b, ob) in bytes
-        .chunks_exact(dtype.block_bytes())
-        .zip(out.chunks_exact_mut(dtype.block_len()))
-    {
-        for (c, oc) in ob.chunks_exact_mut(QK).enumerate() {
-            for (v, w) in fmt.chunk(b, c).into_iter().enumerate() {
-                store(&mut oc[4 * v..], w);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::wasm32::Simd128;
     use kvcore::backend::DType;
 
     /// A small deterministic generator of test bytes (xorshift64).
@@ -255,7 +168,7 @@ mod tests {
     fn dequantize_is_bit_exact() {
         let mut source = Bytes(0x9e37_79b9_7f4a_7c15);
         for dtype in [DType::Q5_0, DType::Q4_K, DType::Q6_K] {
-            let fmt = Format::of(dtype).expect("a kquant format");
+            let k = Simd128::detect().expect("compiled for SIMD128");
             for blocks in [1, 2, 7] {
                 for round in 0..64u64 {
                     let n = blocks * dtype.block_len();
@@ -265,7 +178,7 @@ mod tests {
                         finite_scales(dtype, &mut bytes, round + 1);
                     }
                     let (mut got, mut want) = (vec![0.0f32; n], vec![1.0f32; n]);
-                    dequantize(fmt, &bytes, &mut got);
+                    crate::kformat::dequantize(k, dtype, &bytes, &mut got);
                     kvcore_scalar::quant::dequantize(dtype, &bytes, &mut want);
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(

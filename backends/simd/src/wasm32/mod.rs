@@ -1,8 +1,10 @@
 //! wasm32 kernels: WebAssembly SIMD128, 4 f32 lanes per `v128`.
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
-//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
+//! - `quant.rs`: the block microkernels of every weight format (decode a block to lanes,
+//!   the `Q8_0`/`Q4_*` row loop) as `kformat::Blocks`, whose generic loops make the GEMV,
+//!   the decoder and the 8-bit quantiser (`kquant.rs`: the chunk decoders of `Q5_0`,
+//!   `Q4_K` and `Q6_K`);
 //! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
 //!   formats against it.
 //!
@@ -34,6 +36,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
+use crate::kformat;
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 
 /// Proof that this module was compiled for SIMD128: only [`Simd128::detect`] creates one.
@@ -52,7 +55,7 @@ impl Simd128 {
 
 impl Kernel for Simd128 {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        quant::gemv(w, x, block_sums, y)
+        kformat::gemv(self, w, x, block_sums, y)
     }
 
     fn quantize_q8(
@@ -63,7 +66,7 @@ impl Kernel for Simd128 {
         sums: &mut [i32],
         values: &mut [i8],
     ) {
-        q8::quantize(layout, x, scales, sums, values)
+        kformat::quantize(self, layout, x, scales, sums, values)
     }
 
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
@@ -71,7 +74,7 @@ impl Kernel for Simd128 {
     }
 
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        quant::dequantize(dtype, bytes, out)
+        kformat::dequantize(self, dtype, bytes, out)
     }
 
     fn scores<'a>(

@@ -1,15 +1,11 @@
 //! SIMD128 kernels for 8-bit activations (`kvcore::backend::q8` has the numerics); the
 //! twin of `aarch64/q8.rs`.
 //!
-//! - `quantize`: per block, the 4-lane vectors' absolute values (`f32x4_abs`), a
-//!   finiteness test `|x| < inf` (false for NaN and ±inf) and the absolute maximum by
-//!   `f32x4_max` and the lanes' `max` (exact, so any order gives the reference's
-//!   `amax`); `d = amax/127` and `1/d` in scalar f32 (the reference's operations), the
-//!   products `x·(1/d)` in f32, rounded to nearest-even (`f32x4_nearest`, then an exact
-//!   conversion) and narrowed 32 → 16 → 8 bits with saturation (no value is out of range:
-//!   `|q| ≤ 127`). The sum `Σq` in i32. Bit for bit the reference quantiser; non-finite and
-//!   tiny blocks take its special cases. `Q8_K` (blocks of 256): the same with
-//!   `iscale = −127/max` from the signed maximum and `min(·, 127)`, sums per 16.
+//! - the quantiser's microkernels (`kformat::quantize` has its loop): `abs_max` by
+//!   `f32x4_abs`, a finiteness test `|x| < inf` (false for NaN and ±inf) and `f32x4_max`;
+//!   `quantize16`: the products in f32, rounded to nearest-even (`f32x4_nearest`, then an
+//!   exact conversion), `min(·, 127)`, narrowed 32 → 16 → 8 bits with saturation, and the
+//!   sum `Σq` in i32.
 //! - `gemv`: SIMD128 has no 8-bit multiply, so the activations are widened to i16 once
 //!   per call (a reused buffer) and the weights are widened to i16 in registers: the
 //!   integer dot of a block is `i32x4_dot_i16x8` (products of lane pairs, summed in i32:
@@ -51,81 +47,34 @@
 //!     4 and 5 by constant shifts, minus 32) and then sign-extended.
 
 use super::dot::{hsum, load, touch_next};
-use super::quant::{f16_at, load_bytes};
+use super::quant::load_bytes;
+use crate::kformat::{f16_at, gemv_start};
 use core::arch::wasm32::*;
 use core::cell::RefCell;
-use kvcore::backend::q8::Q8_MAX;
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, QK_K, Weights, q4_k_scale_min};
 
-/// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
-/// `Q8Acts::quantize`.
+/// `q[0..16] ← min(round(x_j·factor), 127)` (`f32x4_nearest`: to nearest, ties to even,
+/// then an exact conversion), narrowed 32 → 16 → 8 bits with saturation; returns `Σ q_j`.
 ///
 /// # Panics
-/// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
-pub(super) fn quantize(
-    layout: Q8Layout,
-    x: &[f32],
-    scales: &mut [f32],
-    sums: &mut [i32],
-    values: &mut [i8],
-) {
-    let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
-    assert!(x.len() == values.len() && x.len() == scales.len() * block);
-    assert_eq!(sums.len(), scales.len() * per);
-    let cap = i32x4_splat(127);
-    let blocks = x
-        .chunks_exact(block)
-        .zip(values.chunks_exact_mut(block))
-        .zip(scales.iter_mut().zip(sums.chunks_exact_mut(per)));
-    for ((xb, qb), (d, s)) in blocks {
-        let (finite, amax) = abs_max(xb);
-        if !finite || amax / Q8_MAX < f32::MIN_POSITIVE {
-            qb.fill(0);
-            s.fill(0);
-            *d = if finite { 0.0 } else { f32::NAN };
-            continue;
-        }
-        // `Q8_0`: `x·(1/d)`, `d = amax/127`; `Q8_K`: `iscale·x`, `iscale = −127/max`
-        // with `max` the first value of largest magnitude, `min(·, 127)`.
-        let (factor, scale) = match layout {
-            Q8Layout::Q8_0 => {
-                let dd = amax / Q8_MAX;
-                (1.0 / dd, dd)
-            }
-            Q8Layout::Q8_K => {
-                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
-                let iscale = -Q8_MAX / max;
-                (iscale, 1.0 / iscale)
-            }
-        };
-        let f = f32x4_splat(factor);
-        // 16 values at a time; a sum covers one or two groups of 16.
-        let mut group_sums = [0i32; QK_K / 16];
-        for ((xg, qg), gs) in xb
-            .chunks_exact(16)
-            .zip(qb.chunks_exact_mut(16))
-            .zip(group_sums.iter_mut())
-        {
-            let i: [v128; 4] = core::array::from_fn(|l| {
-                let r = f32x4_nearest(f32x4_mul(load(&xg[4 * l..]), f));
-                // `r` is an integer of magnitude ≤ 128: the conversion is exact.
-                i32x4_min(i32x4_trunc_sat_f32x4(r), cap)
-            });
-            let q = i8x16_narrow_i16x8(
-                i16x8_narrow_i32x4(i[0], i[1]),
-                i16x8_narrow_i32x4(i[2], i[3]),
-            );
-            // SAFETY: `qg` is 16 bytes (a `chunks_exact_mut(16)` chunk); `v128_store`
-            // has no alignment requirement.
-            unsafe { v128_store(qg.as_mut_ptr().cast(), q) };
-            *gs = hsum_i32(i32x4_add(i32x4_add(i[0], i[1]), i32x4_add(i[2], i[3])));
-        }
-        let groups = layout.sum_len() / 16;
-        for (sj, g) in s.iter_mut().zip(group_sums.chunks_exact(groups)) {
-            *sj = g.iter().sum();
-        }
-        *d = scale;
-    }
+/// If `x` or `q` holds fewer than 16 values.
+#[inline]
+pub(super) fn quantize16(x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+    assert!(x.len() >= 16 && q.len() >= 16);
+    let (f, cap) = (f32x4_splat(factor), i32x4_splat(127));
+    let i: [v128; 4] = core::array::from_fn(|l| {
+        let r = f32x4_nearest(f32x4_mul(load(&x[4 * l..]), f));
+        // `r` is an integer of magnitude ≤ 128: the conversion is exact.
+        i32x4_min(i32x4_trunc_sat_f32x4(r), cap)
+    });
+    let p = i8x16_narrow_i16x8(
+        i16x8_narrow_i32x4(i[0], i[1]),
+        i16x8_narrow_i32x4(i[2], i[3]),
+    );
+    // SAFETY: `q` holds at least 16 bytes (asserted); `v128_store` has no alignment
+    // requirement.
+    unsafe { v128_store(q.as_mut_ptr().cast(), p) };
+    hsum_i32(i32x4_add(i32x4_add(i[0], i[1]), i32x4_add(i[2], i[3])))
 }
 
 /// Whether none of `x` is NaN or infinite, and the largest `|x|` (exact, so any order
@@ -134,7 +83,7 @@ pub(super) fn quantize(
 /// # Panics
 /// If `x.len()` is not a multiple of 4.
 #[inline]
-fn abs_max(x: &[f32]) -> (bool, f32) {
+pub(super) fn abs_max(x: &[f32]) -> (bool, f32) {
     assert!(x.len().is_multiple_of(4));
     let inf = f32x4_splat(f32::INFINITY);
     let (mut fin, mut amax) = (u32x4_splat(u32::MAX), f32x4_splat(0.0));
@@ -403,51 +352,9 @@ fn factors<const EXACT: bool>(h: v128, t: v128, special: &mut Special) -> v128 {
 /// If a row is not `a.len() / 32` blocks or `t` is not 4 values per block.
 #[inline(always)]
 fn dot2(fmt: Legacy, rows: [&[u8]; 2], a: &[i16], t: &[f32]) -> [f32; 2] {
-    match dot2_with::<false>(fmt, rows, a, t) {
-        (y, false) => y,
-        _ => dot2_with::<true>(fmt, rows, a, t).0,
-    }
-}
-
-/// `dot2` with the scales widened by `factors::<EXACT>`, and whether a non-finite scale
-/// was seen by the fast widening (then only the exact one's result is right).
-#[inline(always)]
-fn dot2_with<const EXACT: bool>(
-    fmt: Legacy,
-    rows: [&[u8]; 2],
-    a: &[i16],
-    t: &[f32],
-) -> ([f32; 2], bool) {
-    let bb = fmt.bytes();
-    let n = a.len() / QK;
-    assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
-    let mut acc = [f32x4_splat(0.0); 2];
-    // Lanes 1 and 3: the offset terms of rows 0 and 1.
-    let mut offsets = f32x4_splat(0.0);
-    let mut special = Special::new();
-    let blocks = rows[0]
-        .chunks_exact(bb)
-        .zip(rows[1].chunks_exact(bb))
-        .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
-    for ((b0, b1), (ab, tb)) in blocks {
-        let av = acts32(ab);
-        let f = factors::<EXACT>(fmt.scale_bits2(b0, b1), load(tb), &mut special);
-        let i0 = f32x4_convert_i32x4(dot32(fmt.weights(b0), &av));
-        let i1 = f32x4_convert_i32x4(dot32(fmt.weights(b1), &av));
-        acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
-        acc[1] = f32x4_add(acc[1], f32x4_mul(i1, i32x4_shuffle::<2, 2, 2, 2>(f, f)));
-        offsets = f32x4_add(offsets, f);
-    }
-    let (o0, o1) = if fmt == Legacy::Q8_0 {
-        (0.0, 0.0)
-    } else {
-        (
-            f32x4_extract_lane::<1>(offsets),
-            f32x4_extract_lane::<3>(offsets),
-        )
-    };
-    let y = [hsum(acc[0]) + o0, hsum(acc[1]) + o1];
-    (y, !EXACT && special.seen())
+    dot2_by(fmt, rows, a, t, |b, ab| {
+        f32x4_convert_i32x4(dot32(fmt.weights(b), &acts32(ab)))
+    })
 }
 
 /// `dot2` with the relaxed-SIMD dot (`Q4_0`, `Q4_1`, `Q5_0`): the 8-bit activations `a`
@@ -462,25 +369,48 @@ fn dot2_with<const EXACT: bool>(
 #[cfg(target_feature = "relaxed-simd")]
 #[inline(always)]
 fn dot2_i7(fmt: Legacy, rows: [&[u8]; 2], a: &[i8], t: &[f32]) -> [f32; 2] {
-    match dot2_i7_with::<false>(fmt, rows, a, t) {
+    dot2_by(fmt, rows, a, t, |b, ab| {
+        let w = fmt.weights_u7(b);
+        let s = i16x8_add(
+            i16x8_relaxed_dot_i8x16_i7x16(load_i8(ab), w[0]),
+            i16x8_relaxed_dot_i8x16_i7x16(load_i8(&ab[16..]), w[1]),
+        );
+        f32x4_convert_i32x4(i32x4_extadd_pairwise_i16x8(s))
+    })
+}
+
+/// Two rows of `fmt` whose blocks' integer dots (as f32 lanes) `dot(block, activations)`
+/// gives, computed with the fast scale widening and, if that saw a non-finite scale,
+/// again with the exact one (see `factors`).
+#[inline(always)]
+fn dot2_by<A>(
+    fmt: Legacy,
+    rows: [&[u8]; 2],
+    a: &[A],
+    t: &[f32],
+    dot: impl Fn(&[u8], &[A]) -> v128,
+) -> [f32; 2] {
+    match dot2_with::<false, A>(fmt, rows, a, t, &dot) {
         (y, false) => y,
-        _ => dot2_i7_with::<true>(fmt, rows, a, t).0,
+        _ => dot2_with::<true, A>(fmt, rows, a, t, &dot).0,
     }
 }
 
-/// `dot2_i7` with the scales widened by `factors::<EXACT>` (see `dot2_with`).
-#[cfg(target_feature = "relaxed-simd")]
+/// `dot2_by` with the scales widened by `factors::<EXACT>`, and whether a non-finite
+/// scale was seen by the fast widening (then only the exact one's result is right).
 #[inline(always)]
-fn dot2_i7_with<const EXACT: bool>(
+fn dot2_with<const EXACT: bool, A>(
     fmt: Legacy,
     rows: [&[u8]; 2],
-    a: &[i8],
+    a: &[A],
     t: &[f32],
+    dot: &impl Fn(&[u8], &[A]) -> v128,
 ) -> ([f32; 2], bool) {
     let bb = fmt.bytes();
     let n = a.len() / QK;
     assert!(t.len() == 4 * n && rows.iter().all(|r| r.len() == n * bb));
     let mut acc = [f32x4_splat(0.0); 2];
+    // Lanes 1 and 3: the offset terms of rows 0 and 1.
     let mut offsets = f32x4_splat(0.0);
     let mut special = Special::new();
     let blocks = rows[0]
@@ -488,25 +418,21 @@ fn dot2_i7_with<const EXACT: bool>(
         .zip(rows[1].chunks_exact(bb))
         .zip(a.chunks_exact(QK).zip(t.chunks_exact(4)));
     for ((b0, b1), (ab, tb)) in blocks {
-        let (a0, a1) = (load_i8(ab), load_i8(&ab[16..]));
         let f = factors::<EXACT>(fmt.scale_bits2(b0, b1), load(tb), &mut special);
-        let dot = |w: [v128; 2]| {
-            let s = i16x8_add(
-                i16x8_relaxed_dot_i8x16_i7x16(a0, w[0]),
-                i16x8_relaxed_dot_i8x16_i7x16(a1, w[1]),
-            );
-            f32x4_convert_i32x4(i32x4_extadd_pairwise_i16x8(s))
-        };
-        let i0 = dot(fmt.weights_u7(b0));
-        let i1 = dot(fmt.weights_u7(b1));
+        let (i0, i1) = (dot(b0, ab), dot(b1, ab));
         acc[0] = f32x4_add(acc[0], f32x4_mul(i0, i32x4_shuffle::<0, 0, 0, 0>(f, f)));
         acc[1] = f32x4_add(acc[1], f32x4_mul(i1, i32x4_shuffle::<2, 2, 2, 2>(f, f)));
         offsets = f32x4_add(offsets, f);
     }
-    let y = [
-        hsum(acc[0]) + f32x4_extract_lane::<1>(offsets),
-        hsum(acc[1]) + f32x4_extract_lane::<3>(offsets),
-    ];
+    let (o0, o1) = if fmt == Legacy::Q8_0 {
+        (0.0, 0.0)
+    } else {
+        (
+            f32x4_extract_lane::<1>(offsets),
+            f32x4_extract_lane::<3>(offsets),
+        )
+    };
+    let y = [hsum(acc[0]) + o0, hsum(acc[1]) + o1];
     (y, !EXACT && special.seen())
 }
 
@@ -674,12 +600,9 @@ thread_local! {
 /// # Panics
 /// If the shapes do not fit (`x: [cols]`, `y: [rows]`) or `w` is a plain format.
 pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
+    let Some(rb) = gemv_start(w, x.len(), y) else {
         return;
-    }
+    };
     let dtype = w.dtype();
     assert!(
         kvcore::backend::q8::supports(dtype),

@@ -40,26 +40,11 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
+use super::Simd128;
 use super::dot::{hsum, load, mul_add, store, touch_next};
-use super::kquant::{self, Format};
+use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
 use core::arch::wasm32::*;
-use half::f16;
-use kvcore::backend::{DType, QK, Weights};
-
-/// Plain-format codes for the const-generic decoders.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
-
-/// The little-endian f16 at `b[at..at + 2]`, widened (a block scale or offset).
-pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Bytes per element of plain format `FMT`.
-const fn width<const FMT: u8>() -> usize {
-    if FMT == F32 { 4 } else { 2 }
-}
+use kvcore::backend::{QK, Weights};
 
 /// Sixteen bytes from `b[0..16]`.
 ///
@@ -105,15 +90,6 @@ fn widen8<const FMT: u8>(b: &[u8]) -> [v128; 2] {
             i32x4_shl(u32x4_extend_low_u16x8(h), 16),
             i32x4_shl(u32x4_extend_high_u16x8(h), 16),
         ]
-    }
-}
-
-/// One weight of plain format `FMT` from `b[0..width]`, widened to f32.
-fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
-    match FMT {
-        F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        F16 => f16_at(b, 0),
-        _ => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
     }
 }
 
@@ -226,14 +202,6 @@ fn scales2(a: &[u8], b: &[u8]) -> v128 {
     f16x4_to_f32(w)
 }
 
-/// The block format of a row.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Block {
-    Q8_0,
-    Q4_0,
-    Q4_1,
-}
-
 impl Block {
     /// Decode one stored block's weights (without its scales) in the GEMV order
     /// ([`transpose_blocks`]).
@@ -255,16 +223,6 @@ impl Block {
             Block::Q4_0 => (q4_lanes::<8>(&b[2..]), f16_at(b, 0), 0.0),
             Block::Q4_1 => (q4_lanes::<0>(&b[4..]), f16_at(b, 0), f16_at(b, 2)),
         }
-    }
-
-    #[inline(always)]
-    fn bytes(self) -> usize {
-        match self {
-            Block::Q8_0 => DType::Q8_0,
-            Block::Q4_0 => DType::Q4_0,
-            Block::Q4_1 => DType::Q4_1,
-        }
-        .block_bytes()
     }
 }
 
@@ -359,128 +317,70 @@ fn gemv_blocks_t(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [
     }
 }
 
-/// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.
-///
-/// # Panics
-/// If `row` does not hold `x.len()` elements.
-#[inline]
-fn dot_plain<const FMT: u8>(row: &[u8], x: &[f32]) -> f32 {
-    let wd = width::<FMT>();
-    assert_eq!(row.len(), x.len() * wd);
-    let n = x.len();
-    let mut acc = [f32x4_splat(0.0); 4];
-    let mut i = 0;
-    while i + 16 <= n {
-        let [a, b] = widen8::<FMT>(&row[i * wd..]);
-        let [c, d] = widen8::<FMT>(&row[(i + 8) * wd..]);
-        acc[0] = mul_add(acc[0], a, load(&x[i..]));
-        acc[1] = mul_add(acc[1], b, load(&x[i + 4..]));
-        acc[2] = mul_add(acc[2], c, load(&x[i + 8..]));
-        acc[3] = mul_add(acc[3], d, load(&x[i + 12..]));
-        i += 16;
-    }
-    while i + 8 <= n {
-        let [a, b] = widen8::<FMT>(&row[i * wd..]);
-        acc[0] = mul_add(acc[0], a, load(&x[i..]));
-        acc[1] = mul_add(acc[1], b, load(&x[i + 4..]));
-        i += 8;
-    }
-    let v = f32x4_add(f32x4_add(acc[0], acc[1]), f32x4_add(acc[2], acc[3]));
-    let mut s = hsum(v);
-    for j in i..n {
-        s += widen1::<FMT>(&row[j * wd..]) * x[j];
-    }
-    s
-}
+impl Blocks for Simd128 {
+    type F = v128;
+    const LANES: usize = 4;
+    type Chunk = [v128; 8];
+    type Eight = [v128; 2];
 
-/// `y ← W x`, one row at a time (the per-row format match is loop-invariant).
-///
-/// # Panics
-/// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
-pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
+    #[inline(always)]
+    fn zero(self) -> v128 {
+        f32x4_splat(0.0)
     }
-    let dtype = w.dtype();
-    if let Some(fmt) = Format::of(dtype) {
-        return kquant::gemv(fmt, w, x, y);
+    #[inline(always)]
+    fn splat(self, v: f32) -> v128 {
+        f32x4_splat(v)
     }
-    match dtype {
-        DType::Q8_0 => return gemv_blocks(Block::Q8_0, w, x, sums, y),
-        DType::Q4_0 => return gemv_blocks(Block::Q4_0, w, x, sums, y),
-        DType::Q4_1 => return gemv_blocks(Block::Q4_1, w, x, sums, y),
-        _ => {}
+    #[inline(always)]
+    fn add(self, a: v128, b: v128) -> v128 {
+        f32x4_add(a, b)
     }
-    let data = w.data();
-    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
+    #[inline(always)]
+    fn mul(self, a: v128, b: v128) -> v128 {
+        f32x4_mul(a, b)
+    }
+    #[inline(always)]
+    fn mul_add(self, acc: v128, a: v128, b: v128) -> v128 {
+        mul_add(acc, a, b)
+    }
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> v128 {
+        load(s)
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: v128) {
+        store(s, v)
+    }
+    #[inline(always)]
+    fn hsum(self, v: v128) -> f32 {
+        hsum(v)
+    }
+    #[inline(always)]
+    fn widen8<const FMT: u8>(self, b: &[u8]) -> [v128; 2] {
+        widen8::<FMT>(b)
+    }
+    #[inline(always)]
+    fn block(self, fmt: Block, b: &[u8]) -> ([v128; 8], f32, f32) {
+        fmt.decode(b)
+    }
+    #[inline(always)]
+    fn chunk(self, fmt: Format, b: &[u8], c: usize) -> [v128; 8] {
+        fmt.chunk(b, c)
+    }
+    #[inline(always)]
+    fn touch_row(self, data: &[u8], rb: usize, i: usize) {
         touch_next(data, rb, i);
-        *yr = match dtype {
-            DType::F32 => dot_plain::<F32>(r, x),
-            DType::F16 => dot_plain::<F16>(r, x),
-            DType::BF16 => dot_plain::<BF16>(r, x),
-            other => kvcore_scalar::quant::unsupported(other),
-        };
     }
-}
-
-/// Decode plain format `FMT` from `bytes` into `out`.
-fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
-    let wd = width::<FMT>();
-    let mut oc = out.chunks_exact_mut(8);
-    let mut bc = bytes.chunks_exact(8 * wd);
-    for (o, b) in oc.by_ref().zip(bc.by_ref()) {
-        let [lo, hi] = widen8::<FMT>(b);
-        store(&mut o[..4], lo);
-        store(&mut o[4..], hi);
+    #[inline(always)]
+    fn gemv_blocks(self, fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
+        gemv_blocks(fmt, w, x, sums, y);
     }
-    for (o, b) in oc
-        .into_remainder()
-        .iter_mut()
-        .zip(bc.remainder().chunks_exact(wd))
-    {
-        *o = widen1::<FMT>(b);
+    #[inline(always)]
+    fn abs_max(self, x: &[f32]) -> (bool, f32) {
+        super::q8::abs_max(x)
     }
-}
-
-/// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
-fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(fmt.bytes())
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let (q, d, m) = fmt.decode(b);
-        let (dv, mv) = (f32x4_splat(d), f32x4_splat(m));
-        for (l, lane) in q.into_iter().enumerate() {
-            let w = f32x4_mul(dv, lane);
-            let w = if fmt == Block::Q4_1 {
-                f32x4_add(w, mv)
-            } else {
-                w
-            };
-            store(&mut o[4 * l..], w);
-        }
-    }
-}
-
-/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder.
-///
-/// # Panics
-/// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
-pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    match dtype {
-        DType::F32 => decode_plain::<F32>(bytes, out),
-        DType::F16 => decode_plain::<F16>(bytes, out),
-        DType::BF16 => decode_plain::<BF16>(bytes, out),
-        DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
-        DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
-        DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => match Format::of(other) {
-            Some(fmt) => kquant::dequantize(fmt, bytes, out),
-            None => kvcore_scalar::quant::unsupported(other),
-        },
+    #[inline(always)]
+    fn quantize16(self, x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+        super::q8::quantize16(x, factor, q)
     }
 }

@@ -21,12 +21,11 @@
 //! f32 dot product); compared with the scalar reference, only the order of the sum and
 //! the fused multiply-adds differ.
 
-use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
-use kvcore::backend::{QK, Weights};
+use kvcore::backend::QK;
 use kvcore_scalar::quant::q4_k_scale_min;
 use std::arch::x86_64::*;
 
-pub(super) use crate::kformat::Format;
+use crate::kformat::Format;
 
 impl Format {
     /// Decode chunk `c` (weights `32c..32c + 32`) of the stored block `b`.
@@ -35,7 +34,7 @@ impl Format {
     /// If `b` is not one whole block or `c` is past its last chunk.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn chunk(self, b: &[u8], c: usize) -> [__m256; 4] {
+    pub(super) fn chunk(self, b: &[u8], c: usize) -> [__m256; 4] {
         assert_eq!(b.len(), self.dtype().block_bytes());
         assert!(c < self.dtype().block_len() / QK);
         match self {
@@ -127,70 +126,4 @@ fn u8x8(s: &[u8]) -> __m256i {
     // SAFETY: bytes 0..8 are in bounds (asserted); `loadl_epi64` reads 8 bytes with no
     // alignment requirement.
     _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(s.as_ptr().cast()) })
-}
-
-/// `Σ_j w_j x_j` for one row of `fmt` (see the module docs).
-///
-/// # Panics
-/// If `row` does not hold `x.len()` weights.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot(fmt: Format, row: &[u8], x: &[f32]) -> f32 {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(row.len()), dtype.row_bytes(x.len()));
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (b, xb) in row
-        .chunks_exact(dtype.block_bytes())
-        .zip(x.chunks_exact(dtype.block_len()))
-    {
-        for (c, xc) in xb.chunks_exact(QK).enumerate() {
-            let w = fmt.chunk(b, c);
-            for (v, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(w[v], load(&xc[8 * v..]), *a);
-            }
-        }
-    }
-    hsum(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ))
-}
-
-/// `y ← W x` for a `w` of a format this file decodes.
-///
-/// # Panics
-/// If the shapes do not fit or `w`'s format is not one of this file's.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemv(fmt: Format, w: &Weights<'_>, x: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows() && w.dtype() == fmt.dtype());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
-    }
-    let data = w.data();
-    for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
-        prefetch_row(data, i + PREFETCH_ROWS, rb);
-        *yr = dot(fmt, r, x);
-    }
-}
-
-/// Decode `out.len()` weights of `fmt` from `bytes`, bit for bit as the scalar decoder.
-///
-/// # Panics
-/// If `bytes` is not exactly `row_bytes(out.len())` long.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dequantize(fmt: Format, bytes: &[u8], out: &mut [f32]) {
-    let dtype = fmt.dtype();
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    for (b, ob) in bytes
-        .chunks_exact(dtype.block_bytes())
-        .zip(out.chunks_exact_mut(dtype.block_len()))
-    {
-        for (c, oc) in ob.chunks_exact_mut(QK).enumerate() {
-            for (v, w) in fmt.chunk(b, c).into_iter().enumerate() {
-                store(&mut oc[8 * v..], w);
-            }
-        }
-    }
 }

@@ -1,8 +1,10 @@
 //! x86_64 kernels: AVX2 + FMA, with F16C for `F16` weights.
 //!
 //! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
-//! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
-//!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
+//! - `quant.rs`: the block microkernels of every weight format (decode a block to lanes,
+//!   the `Q8_0`/`Q4_*` row loop) as `kformat::Blocks`, whose generic loops make the GEMV,
+//!   the decoder and the 8-bit quantiser (`kquant.rs`: the chunk decoders of `Q5_0`,
+//!   `Q4_K` and `Q6_K`);
 //! - `attn.rs`: attention's scores and weighted sums over KV rows in their stored types,
 //!   several query heads per pass;
 //! - `q8.rs`: the 8-bit activation quantiser and the integer-dot GEMV of the block
@@ -64,7 +66,7 @@ impl Avx2 {
 impl Kernel for Avx2 {
     fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
         // SAFETY: features detected (see above).
-        unsafe { quant::gemv(w, x, block_sums, y) }
+        unsafe { quant::gemv(self, w, x, block_sums, y) }
     }
 
     fn quantize_q8(
@@ -76,7 +78,7 @@ impl Kernel for Avx2 {
         values: &mut [i8],
     ) {
         // SAFETY: features detected (see above).
-        unsafe { q8::quantize(layout, x, scales, sums, values) }
+        unsafe { q8::quantize(self, layout, x, scales, sums, values) }
     }
 
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
@@ -91,7 +93,7 @@ impl Kernel for Avx2 {
 
     fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
         // SAFETY: features detected (see above).
-        unsafe { quant::dequantize(dtype, bytes, out) }
+        unsafe { quant::dequantize(self, dtype, bytes, out) }
     }
 
     fn scores<'a>(

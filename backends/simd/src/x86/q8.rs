@@ -1,12 +1,9 @@
 //! AVX2 kernels for 8-bit activations (`kvcore::backend::q8` has the numerics).
 //!
-//! - `quantize`: per block of 32, the absolute maximum by `vmaxps`, `d = amax/127` and
-//!   `1/d` in scalar f32 (the reference's operations), the products `x·(1/d)` in f32 and
-//!   `vcvtps2dq` (round to nearest, ties to even, under the default MXCSR), packed to
-//!   bytes with saturating packs (no value saturates: `|q| ≤ 127`). The sum `Σq` in i32.
-//!   Bit for bit the reference quantiser; non-finite and tiny blocks take its special
-//!   cases. `Q8_K` (blocks of 256) likewise, with `iscale = −127/max` from the signed
-//!   maximum and `min(·, 127)` (`quantize_q8_k`).
+//! - the quantiser's microkernels (`kformat::quantize` has its loop): `abs_max` by
+//!   `vmaxps`, and `quantize16`: the products in f32, `vcvtps2dq` (round to nearest, ties
+//!   to even, under the default MXCSR), `min(·, 127)`, saturating packs to bytes (no value
+//!   saturates: `|q| ≤ 127`) and the sum `Σq` in i32.
 //! - `gemv` of the 32-weight formats (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`; the K formats are
 //!   `dot_q4_k` and `dot_q6_k`, each documented there): per row, per block: the 32
 //!   weight quants in one 256-bit register (`Q4_*`, `Q5_0` with its fifth bits OR-ed in:
@@ -28,9 +25,10 @@
 //! integer ports, not by the FMA latency (measured: a two-accumulator version ran at
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
+use super::Avx2;
 use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use super::kquant::f16_at;
-use kvcore::backend::q8::Q8_MAX;
+use crate::kformat::{self, gemv_start};
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
 use std::arch::x86_64::*;
 
@@ -55,34 +53,32 @@ fn hsum_i32(v: __m256i) -> i32 {
 }
 
 /// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
-/// `Q8Acts::quantize`.
+/// `Q8Acts::quantize`: [`kformat::quantize`] on the AVX2 microkernels.
 ///
 /// # Panics
 /// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn quantize(
+    k: Avx2,
     layout: Q8Layout,
     x: &[f32],
     scales: &mut [f32],
     sums: &mut [i32],
     values: &mut [i8],
 ) {
-    match layout {
-        Q8Layout::Q8_0 => quantize_q8_0(x, scales, sums, values),
-        Q8Layout::Q8_K => quantize_q8_k(x, scales, sums, values),
-    }
+    kformat::quantize(k, layout, x, scales, sums, values);
 }
 
-/// The absolute values of `v`, whether any is NaN or infinite, and their maximum (only
-/// meaningful when none is).
+/// Whether none of `x` (a multiple of 8 values) is NaN or infinite, and the largest `|x|`
+/// (`vmaxps`: exact; only meaningful when none is).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn abs_max(v: &[__m256]) -> (bool, f32) {
+pub(super) fn abs_max(x: &[f32]) -> (bool, f32) {
     let sign = _mm256_set1_ps(-0.0);
     let inf = _mm256_set1_ps(f32::INFINITY);
     let (mut bad, mut amax) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for &vi in v {
-        let a = _mm256_andnot_ps(sign, vi);
+    for c in x.chunks_exact(8) {
+        let a = _mm256_andnot_ps(sign, load(c));
         // |x| ≥ inf, or unordered (NaN).
         bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf));
         amax = _mm256_max_ps(amax, a);
@@ -90,101 +86,26 @@ fn abs_max(v: &[__m256]) -> (bool, f32) {
     (_mm256_movemask_ps(bad) == 0, hmax(amax))
 }
 
-/// Four vectors of i32 lanes (values in `-127..=127`) packed to 32 bytes in order and
-/// stored to `q`.
+/// `q[0..16] ← min(round(x_j·factor), 127)`: the products in f32, `vcvtps2dq` (to nearest,
+/// ties to even, under the default MXCSR), packed to bytes with saturating packs (no
+/// value saturates: `|q| ≤ 127`); returns `Σ q_j`.
 ///
 /// # Panics
-/// If `q.len() < 32`.
+/// If `x` or `q` holds fewer than 16 values.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn store_packed(i: [__m256i; 4], q: &mut [i8]) {
-    assert!(q.len() >= 32);
-    // Bytes after the packs, per 128-bit half: i0[0..4] i1[0..4] i2[0..4] i3[0..4] |
-    // i0[4..8] ...; the permutation puts the 4-byte groups back in order.
-    let p = _mm256_packs_epi16(
-        _mm256_packs_epi32(i[0], i[1]),
-        _mm256_packs_epi32(i[2], i[3]),
-    );
-    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    // SAFETY: `q` holds at least 32 bytes (asserted); `storeu` has no alignment
+pub(super) fn quantize16(x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+    assert!(q.len() >= 16);
+    let (f, cap) = (_mm256_set1_ps(factor), _mm256_set1_epi32(127));
+    let i = [&x[..8], &x[8..16]]
+        .map(|c| _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(load(c), f)), cap));
+    let half =
+        |v: __m256i| _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let p = _mm_packs_epi16(half(i[0]), half(i[1]));
+    // SAFETY: `q` holds at least 16 bytes (asserted); `storeu` has no alignment
     // requirement.
-    unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), p) };
-}
-
-/// The `Q8_K` quantiser (`quantize` for that layout): per block of 256, `abs_max` over
-/// the 32 vectors, the signed maximum found by a scalar scan for the first `|x| = amax`
-/// (exact), `iscale = −127/max` in scalar f32, the products `iscale·x` in f32,
-/// `vcvtps2dq` (ties to even), `min(·, 127)` in i32, the packs of `quantize_q8_0` and the
-/// sums of 16 from the i32 lanes.
-#[target_feature(enable = "avx2,fma")]
-fn quantize_q8_k(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
-    let layout = Q8Layout::Q8_K;
-    let (block, per) = (layout.block_len(), layout.block_len() / layout.sum_len());
-    assert!(x.len() == values.len() && x.len() == scales.len() * block);
-    assert_eq!(sums.len(), scales.len() * per);
-    let cap = _mm256_set1_epi32(127);
-    let blocks = x
-        .chunks_exact(block)
-        .zip(values.chunks_exact_mut(block))
-        .zip(scales.iter_mut().zip(sums.chunks_exact_mut(per)));
-    for ((xb, qb), (d, s)) in blocks {
-        let v: Vec<__m256> = xb.chunks_exact(8).map(|c| load(c)).collect();
-        let (finite, amax) = abs_max(&v);
-        if !finite || amax / Q8_MAX < f32::MIN_POSITIVE {
-            qb.fill(0);
-            s.fill(0);
-            *d = if finite { 0.0 } else { f32::NAN };
-            continue;
-        }
-        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
-        let iscale = -Q8_MAX / max;
-        let iv = _mm256_set1_ps(iscale);
-        // 32 values per group: four vectors, two sums of 16.
-        for ((vg, qg), sg) in v
-            .chunks_exact(4)
-            .zip(qb.chunks_exact_mut(32))
-            .zip(s.chunks_exact_mut(2))
-        {
-            let i: [__m256i; 4] = std::array::from_fn(|l| {
-                _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vg[l], iv)), cap)
-            });
-            store_packed(i, qg);
-            sg[0] = hsum_i32(_mm256_add_epi32(i[0], i[1]));
-            sg[1] = hsum_i32(_mm256_add_epi32(i[2], i[3]));
-        }
-        *d = 1.0 / iscale;
-    }
-}
-
-/// The `Q8_0` quantiser (`quantize` for that layout).
-#[target_feature(enable = "avx2,fma")]
-fn quantize_q8_0(x: &[f32], scales: &mut [f32], sums: &mut [i32], values: &mut [i8]) {
-    assert!(x.len() == values.len() && x.len() == scales.len() * QK);
-    assert_eq!(scales.len(), sums.len());
-    let blocks = x
-        .chunks_exact(QK)
-        .zip(values.chunks_exact_mut(QK))
-        .zip(scales.iter_mut().zip(sums.iter_mut()));
-    for ((xb, qb), (d, s)) in blocks {
-        let v = [
-            load(&xb[0..]),
-            load(&xb[8..]),
-            load(&xb[16..]),
-            load(&xb[24..]),
-        ];
-        let (finite, amax) = abs_max(&v);
-        let dd = amax / Q8_MAX;
-        if !finite || dd < f32::MIN_POSITIVE {
-            qb.fill(0);
-            (*d, *s) = (if finite { 0.0 } else { f32::NAN }, 0);
-            continue;
-        }
-        let id = _mm256_set1_ps(1.0 / dd);
-        let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
-        let t = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-        store_packed(i, qb);
-        (*d, *s) = (dd, hsum_i32(t));
-    }
+    unsafe { _mm_storeu_si128(q.as_mut_ptr().cast(), p) };
+    hsum_i32(_mm256_add_epi32(i[0], i[1]))
 }
 
 /// The 32 bytes `16·bit_j` for bits `j = 0..32` of `qh` (a `Q5_0` block's fifth bits),
@@ -338,12 +259,9 @@ fn dot_q6_k(row: &[u8], x: &Q8Acts) -> f32 {
 /// If the shapes do not fit (`x: [cols]`, `y: [rows]`) or `w` is a plain format.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemv(w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
+    let Some(rb) = gemv_start(w, x.len(), y) else {
         return;
-    }
+    };
     let dtype = w.dtype();
     assert!(
         kvcore::backend::q8::supports(dtype),

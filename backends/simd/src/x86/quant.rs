@@ -30,27 +30,11 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::Avx512;
 use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
-use super::kquant::{self, Format};
-use half::f16;
+use super::{Avx2, Avx512};
+use crate::kformat::{self, Block, Blocks, F16, F32, Format, width};
 use kvcore::backend::{DType, QK, Weights};
 use std::arch::x86_64::*;
-
-/// Plain-format codes for the const-generic decoders.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
-
-/// The little-endian f16 at `b[at..at + 2]`, widened (a plain-format tail element).
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Bytes per element of plain format `FMT`.
-const fn width<const FMT: u8>() -> usize {
-    if FMT == F32 { 4 } else { 2 }
-}
 
 /// Eight weights of plain format `FMT` from `b[0 .. 8·width]`, widened to f32.
 ///
@@ -70,15 +54,6 @@ fn widen8<const FMT: u8>(b: &[u8]) -> __m256 {
         _mm256_cvtph_ps(h)
     } else {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    }
-}
-
-/// One weight of plain format `FMT` from `b[0..width]`, widened to f32.
-fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
-    match FMT {
-        F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        F16 => f16_at(b, 0),
-        _ => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
     }
 }
 
@@ -145,15 +120,6 @@ fn block_dot(q: [__m256; 4], x: &[f32]) -> __m256 {
     _mm256_fmadd_ps(q[3], load(&x[24..]), p)
 }
 
-/// The block format of a row: its decoded lanes, scale and (`Q4_1`) offset.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Block {
-    Q8_0,
-    Q4_0,
-    Q4_1,
-}
-
 /// The two f16 values at `b[0..4]` widened with F16C: a block's `d` and (`Q4_1`) `m`.
 /// Exact, as the `half` crate's conversion, without its per-call feature check.
 ///
@@ -169,7 +135,7 @@ fn scales(b: &[u8]) -> (f32, f32) {
 
 impl Block {
     /// The format whose discriminant is `b` (a const-generic kernel's parameter).
-    const fn of(b: u8) -> Block {
+    const fn from_code(b: u8) -> Block {
         match b {
             0 => Block::Q8_0,
             1 => Block::Q4_0,
@@ -213,15 +179,6 @@ impl Block {
             w
         }
     }
-
-    fn bytes(self) -> usize {
-        match self {
-            Block::Q8_0 => DType::Q8_0,
-            Block::Q4_0 => DType::Q4_0,
-            Block::Q4_1 => DType::Q4_1,
-        }
-        .block_bytes()
-    }
 }
 
 /// The first four bytes of each of up to four blocks of `fmt` in `quad` (a block's `d`
@@ -262,7 +219,7 @@ fn quad_scales(fmt: Block, quad: &[u8]) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_blocks<const B: u8>(row: &[u8], x: &[f32], sums2: &[f32]) -> f32 {
-    let fmt = Block::of(B);
+    let fmt = Block::from_code(B);
     let bb = fmt.bytes();
     assert_eq!(row.len(), x.len() / QK * bb);
     // The lanes of each block's `d` in `quad_scales`' vector.
@@ -307,74 +264,35 @@ fn dot_blocks<const B: u8>(row: &[u8], x: &[f32], sums2: &[f32]) -> f32 {
     hsum(_mm256_add_ps(_mm256_add_ps(even, odd), offsets))
 }
 
-/// `Σ_j w_j x_j` for one row of plain format `FMT`: `dot.rs`'s order.
-///
-/// # Panics
-/// If `row` does not hold `x.len()` elements.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_plain<const FMT: u8>(row: &[u8], x: &[f32]) -> f32 {
-    let wd = width::<FMT>();
-    assert_eq!(row.len(), x.len() * wd);
-    let n = x.len();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (l, lane) in acc.iter_mut().enumerate() {
-            let j = i + 8 * l;
-            *lane = _mm256_fmadd_ps(widen8::<FMT>(&row[j * wd..]), load(&x[j..]), *lane);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(widen8::<FMT>(&row[i * wd..]), load(&x[i..]), acc[0]);
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum(v);
-    for j in i..n {
-        s += widen1::<FMT>(&row[j * wd..]) * x[j];
-    }
-    s
-}
-
-/// `y ← W x`, one row at a time (the per-row format match is loop-invariant).
+/// `y ← W x` for every weight format: [`kformat::gemv`] on the AVX2 blocks.
 ///
 /// # Panics
 /// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemv(w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    assert!(x.len() == w.cols() && y.len() == w.rows());
-    let rb = w.row_bytes();
-    if rb == 0 {
-        y.fill(0.0);
-        return;
-    }
-    let dtype = w.dtype();
-    if let Some(fmt) = Format::of(dtype) {
-        return kquant::gemv(fmt, w, x, y);
-    }
+pub(super) fn gemv(k: Avx2, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
+    kformat::gemv(k, w, x, sums, y);
+}
+
+/// `y ← W x` for `w` of `fmt`, one row at a time ([`dot_blocks`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemv_blocks(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
     // `Q4_1`'s block sums at the odd lanes of pairs, as `quad_scales` converts each block's
     // `(d, m)`: one FMA per four blocks makes their offsets.
     let mut sums2 = Vec::new();
-    if dtype == DType::Q4_1 {
+    if fmt == Block::Q4_1 {
         sums2.resize(2 * sums.len().next_multiple_of(4), 0.0);
         for (pair, &s) in sums2.chunks_exact_mut(2).zip(sums) {
             pair[1] = s;
         }
     }
     let sums = &sums2[..];
-    let data = w.data();
+    let (data, rb) = (w.data(), w.row_bytes());
     for (i, (r, yr)) in data.chunks_exact(rb).zip(y.iter_mut()).enumerate() {
         prefetch_row(data, i + PREFETCH_ROWS, rb);
-        *yr = match dtype {
-            DType::F32 => dot_plain::<F32>(r, x),
-            DType::F16 => dot_plain::<F16>(r, x),
-            DType::BF16 => dot_plain::<BF16>(r, x),
-            DType::Q8_0 => dot_blocks::<{ Block::Q8_0 as u8 }>(r, x, sums),
-            DType::Q4_0 => dot_blocks::<{ Block::Q4_0 as u8 }>(r, x, sums),
-            DType::Q4_1 => dot_blocks::<{ Block::Q4_1 as u8 }>(r, x, sums),
-            other => kvcore_scalar::quant::unsupported(other),
+        *yr = match fmt {
+            Block::Q8_0 => dot_blocks::<{ Block::Q8_0 as u8 }>(r, x, sums),
+            Block::Q4_0 => dot_blocks::<{ Block::Q4_0 as u8 }>(r, x, sums),
+            Block::Q4_1 => dot_blocks::<{ Block::Q4_1 as u8 }>(r, x, sums),
         };
     }
 }
@@ -511,63 +429,90 @@ fn gemm_blocks_n<const T: usize>(
     }
 }
 
-/// Decode plain format `FMT` from `bytes` into `out`.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn decode_plain<const FMT: u8>(bytes: &[u8], out: &mut [f32]) {
-    let wd = width::<FMT>();
-    let mut oc = out.chunks_exact_mut(8);
-    let mut bc = bytes.chunks_exact(8 * wd);
-    for (o, b) in oc.by_ref().zip(bc.by_ref()) {
-        store(o, widen8::<FMT>(b));
-    }
-    for (o, b) in oc
-        .into_remainder()
-        .iter_mut()
-        .zip(bc.remainder().chunks_exact(wd))
-    {
-        *o = widen1::<FMT>(b);
-    }
-}
-
-/// Decode block format `fmt` from `bytes` into `out`: `d·q` (`+ m`), each rounded.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn decode_blocks(fmt: Block, bytes: &[u8], out: &mut [f32]) {
-    let bs = fmt.bytes();
-    for (i, (b, o)) in bytes
-        .chunks_exact(bs)
-        .zip(out.chunks_exact_mut(QK))
-        .enumerate()
-    {
-        // The bytes PREFETCH_ROWS · 128 ahead, as the GEMVs prefetch rows (`dot.rs`).
-        if let Some(ahead) = bytes.get(i * bs + PREFETCH_ROWS * 128) {
-            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(ahead).cast());
-        }
-        let (q, d, m) = fmt.decode(b);
-        let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-        for (l, lane) in q.into_iter().enumerate() {
-            store(&mut o[8 * l..], fmt.weights(lane, dv, mv));
-        }
-    }
-}
-
-/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder.
+/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder:
+/// [`kformat::dequantize`] on the AVX2 blocks.
 ///
 /// # Panics
 /// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(Some(bytes.len()), dtype.row_bytes(out.len()));
-    match dtype {
-        DType::F32 => decode_plain::<F32>(bytes, out),
-        DType::F16 => decode_plain::<F16>(bytes, out),
-        DType::BF16 => decode_plain::<BF16>(bytes, out),
-        DType::Q8_0 => decode_blocks(Block::Q8_0, bytes, out),
-        DType::Q4_0 => decode_blocks(Block::Q4_0, bytes, out),
-        DType::Q4_1 => decode_blocks(Block::Q4_1, bytes, out),
-        other => match Format::of(other) {
-            Some(fmt) => kquant::dequantize(fmt, bytes, out),
-            None => kvcore_scalar::quant::unsupported(other),
-        },
+pub(super) fn dequantize(k: Avx2, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    kformat::dequantize(k, dtype, bytes, out);
+}
+
+// SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, which an
+// `Avx2` value proves (`x86/mod.rs`); they check their slice lengths themselves.
+impl Blocks for Avx2 {
+    type F = __m256;
+    const LANES: usize = 8;
+    type Chunk = [__m256; 4];
+    type Eight = [__m256; 1];
+
+    #[inline(always)]
+    fn zero(self) -> __m256 {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    fn splat(self, v: f32) -> __m256 {
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    fn add(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul_add(self, acc: __m256, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(a, b, acc) }
+    }
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> __m256 {
+        unsafe { load(s) }
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: __m256) {
+        unsafe { store(s, v) }
+    }
+    #[inline(always)]
+    fn hsum(self, v: __m256) -> f32 {
+        unsafe { hsum(v) }
+    }
+    #[inline(always)]
+    fn widen8<const FMT: u8>(self, b: &[u8]) -> [__m256; 1] {
+        [unsafe { widen8::<FMT>(b) }]
+    }
+    #[inline(always)]
+    fn block(self, fmt: Block, b: &[u8]) -> ([__m256; 4], f32, f32) {
+        unsafe { fmt.decode(b) }
+    }
+    #[inline(always)]
+    fn chunk(self, fmt: Format, b: &[u8], c: usize) -> [__m256; 4] {
+        unsafe { fmt.chunk(b, c) }
+    }
+    #[inline(always)]
+    fn touch_row(self, data: &[u8], rb: usize, i: usize) {
+        unsafe { prefetch_row(data, i + PREFETCH_ROWS, rb) }
+    }
+    #[inline(always)]
+    fn touch_block(self, bytes: &[u8], at: usize) {
+        // The bytes PREFETCH_ROWS · 128 ahead, as the GEMVs prefetch rows (`dot.rs`).
+        if let Some(ahead) = bytes.get(at + PREFETCH_ROWS * 128) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(ahead).cast()) };
+        }
+    }
+    #[inline(always)]
+    fn gemv_blocks(self, fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
+        unsafe { gemv_blocks(fmt, w, x, sums, y) }
+    }
+    #[inline(always)]
+    fn abs_max(self, x: &[f32]) -> (bool, f32) {
+        unsafe { super::q8::abs_max(x) }
+    }
+    #[inline(always)]
+    fn quantize16(self, x: &[f32], factor: f32, q: &mut [i8]) -> i32 {
+        unsafe { super::q8::quantize16(x, factor, q) }
     }
 }
 
@@ -598,6 +543,7 @@ mod tests {
 
     /// The test on one path: the AVX2 kernels alone (`None`) or with their twins.
     fn gemm_blocks_on(wide: Option<Avx512>) {
+        let avx2 = Avx2::detect().expect("AVX2, FMA and F16C");
         let val = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 2001) as f32 / 700.0 - 1.4;
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
             for (rows, cols) in [(1, 32), (4, 32), (5, 64), (6, 64), (11, 576), (3, 1536)] {
@@ -607,7 +553,7 @@ mod tests {
                 let mut decoded = vec![0.0f32; rows * cols];
                 // SAFETY (every block below): AVX2, FMA and F16C detected by the caller,
                 // AVX-512F by whoever made `wide`.
-                unsafe { dequantize(dtype, &bytes, &mut decoded) };
+                unsafe { dequantize(avx2, dtype, &bytes, &mut decoded) };
                 for n in 1..=9 {
                     let x: Vec<f32> = (0..n * cols).map(|i| val(i, 2)).collect();
                     let stride = rows + 2;

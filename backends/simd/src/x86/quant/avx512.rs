@@ -160,7 +160,7 @@ fn interleave<const T: usize>(x: &[f32], cols: usize, xi: &mut Vec<f32>) {
     }
 }
 
-/// [`gemm_blocks_n`] for format `F` ([`Block::of`]).
+/// [`gemm_blocks_n`] for format `F` ([`Block::from_code`]).
 ///
 /// Two weight rows per pass, decoded together at 512 bits (row `r` in the low half, row
 /// `r + 1` in the high one); each row's chunk is then copied into both halves
@@ -179,7 +179,7 @@ unsafe fn kernel<const T: usize, const F: u8>(
     y: &mut [f32],
     stride: usize,
 ) {
-    let fmt = Block::of(F);
+    let fmt = Block::from_code(F);
     let (rows, cols, rb) = (w.rows(), w.cols(), w.row_bytes());
     assert!(x.len() == T * cols && y.len() >= (T - 1) * stride + rows);
     assert!(cols.is_multiple_of(QK) && rb == cols / QK * fmt.bytes());
@@ -212,7 +212,7 @@ unsafe fn rows_by_pairs<const T: usize, const F: u8>(
     y: &mut [f32],
     stride: usize,
 ) {
-    let fmt = Block::of(F);
+    let fmt = Block::from_code(F);
     let (cols, rb) = (w.cols(), w.row_bytes());
     let p = pairs(T);
     assert!(xi.len() >= cols / 8 * p * 16);
