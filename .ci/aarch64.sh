@@ -11,20 +11,12 @@
 # NEON path. Build output goes to target/aarch64, apart from the host build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+. .ci/lib.sh
 
 packages=(rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     qemu-user-static)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$p")
-done
-if [[ ${#missing[@]} -gt 0 ]]; then
-    echo "=== installing: ${missing[*]}"
-    dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-fi
+install_missing "${packages[@]}"
 
 export RUSTC=/usr/bin/rustc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc

@@ -10,25 +10,16 @@
 # reachable; installs python3-venv with apt-get when the interpreter lacks venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+. .ci/lib.sh
 
 crate=bindings/python
 venv=$crate/target/ci-venv
-python=${PYTHON:-python3}
 step() { printf -- '--- %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 start=$(date +%s)
 
 step "venv: maturin, numpy, pytest, mypy (pinned)"
-if [ ! -x "$venv/bin/python" ]; then
-    if ! "$python" -m venv "$venv" 2>/dev/null; then
-        # Debian's python3 has no ensurepip without python3-venv.
-        rm -rf "$venv"
-        if command -v apt-get >/dev/null; then
-            apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
-        fi
-        "$python" -m venv "$venv"
-    fi
-fi
+make_venv "$venv"
 export VIRTUAL_ENV=$PWD/$venv
 export PATH=$VIRTUAL_ENV/bin:$PATH
 # pyo3's build script and maturin use the venv's interpreter.

@@ -7,19 +7,11 @@
 # Usage: .ci/server.sh   (python3 with venv, or $PYTHON; PyPI reachable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+. .ci/lib.sh
 
 venv=target/ci-openai-venv
-python=${PYTHON:-python3}
-if [ ! -x "$venv/bin/python" ]; then
-    if ! "$python" -m venv "$venv" 2>/dev/null; then
-        rm -rf "$venv"
-        if command -v apt-get >/dev/null; then
-            apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
-        fi
-        "$python" -m venv "$venv"
-    fi
-fi
+make_venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check openai==3.57.0
 
 bash .ci/build-native.sh  # target/release/kvcore

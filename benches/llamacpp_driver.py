@@ -101,6 +101,17 @@ KV_TYPES = {
 QUANTIZED = ("q8_0", "q4_0")
 
 
+def rate_record(tok_s):
+    """The fields of a result row that report the timed repetitions' rates: each, and
+    their median, least and greatest."""
+    return {
+        "tok_s": tok_s,
+        "median_tok_s": statistics.median(tok_s),
+        "min_tok_s": min(tok_s),
+        "max_tok_s": max(tok_s),
+    }
+
+
 def kv_record(a):
     """The KV options as the output records them."""
     return {"type_k": a.type_k, "type_v": a.type_v, "flash_attn": a.flash_attn == "on"}
@@ -290,10 +301,7 @@ def cmd_bench(a):
                     "tokens": n,
                     "n_ctx": n_ctx,
                     **kv_record(a),
-                    "tok_s": tok_s,
-                    "median_tok_s": statistics.median(tok_s),
-                    "min_tok_s": min(tok_s),
-                    "max_tok_s": max(tok_s),
+                    **rate_record(tok_s),
                 }
             )
     json.dump(rows, sys.stdout)
@@ -370,10 +378,7 @@ def cmd_batch(a):
                 "depth": a.depth,
                 "kv_unified": a.unified,
                 **kv_record(a),
-                "tok_s": tok_s,
-                "median_tok_s": statistics.median(tok_s),
-                "min_tok_s": min(tok_s),
-                "max_tok_s": max(tok_s),
+                **rate_record(tok_s),
             }
         )
     json.dump(rows, sys.stdout)

@@ -24,12 +24,13 @@ impl PerBackend for Golden {
         let backend_name = model.backend().name();
         let mut worst = 0.0f32;
         for prompt in reference_logits() {
-            let name = prompt["name"].as_str().unwrap();
-            let prompt_ids = ids(&prompt["prompt_ids"]);
-            let greedy_ids = ids(&prompt["greedy_ids"]);
-            let positions = prompt["positions"].as_array().unwrap();
-            let all: Vec<u32> = prompt_ids.iter().chain(&greedy_ids).copied().collect();
-            assert_eq!(positions.len(), all.len());
+            let ReferencePrompt {
+                name,
+                prompt_ids,
+                greedy_ids,
+                positions,
+            } = ReferencePrompt::of(prompt);
+            let all = [&prompt_ids[..], &greedy_ids].concat();
 
             // Prefill path: every position in one batched pass.
             let mut kv = GrowKv::new(c.kv_geometry(), c.context_len).unwrap();
@@ -76,13 +77,4 @@ fn golden_scalar() {
     with_backend("scalar", &Golden);
 }
 
-#[test]
-fn golden_simd() {
-    with_backend("simd", &Golden);
-}
-
-#[test]
-#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
-fn golden_rayon() {
-    with_backend("rayon", &Golden);
-}
+common::simd_and_rayon_tests!(golden_simd, golden_rayon => &Golden);

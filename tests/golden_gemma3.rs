@@ -59,12 +59,12 @@ impl PerBackend for Golden {
             "the reference set has a prompt well past the window"
         );
         for prompt in &prompts {
-            let name = prompt["name"].as_str().unwrap();
-            let prompt_ids = ids(&prompt["prompt_ids"]);
-            let greedy_ids = ids(&prompt["greedy_ids"]);
-            let positions = prompt["positions"].as_array().unwrap();
-            let all: Vec<u32> = prompt_ids.iter().chain(&greedy_ids).copied().collect();
-            assert_eq!(positions.len(), all.len());
+            let ReferencePrompt {
+                name,
+                prompt_ids,
+                greedy_ids,
+                positions,
+            } = ReferencePrompt::of(prompt);
 
             // Prefill path: every prompt position in one batched pass (the early queries
             // of a prompt longer than the window see their own window).
@@ -135,13 +135,4 @@ fn golden_gemma3_scalar() {
     with_backend("scalar", &Golden);
 }
 
-#[test]
-fn golden_gemma3_simd() {
-    with_backend("simd", &Golden);
-}
-
-#[test]
-#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
-fn golden_gemma3_rayon() {
-    with_backend("rayon", &Golden);
-}
+common::simd_and_rayon_tests!(golden_gemma3_simd, golden_gemma3_rayon => &Golden);

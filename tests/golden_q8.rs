@@ -59,16 +59,7 @@ impl PerBackend for GoldenQ8 {
     }
 }
 
-#[test]
-fn golden_q8_simd() {
-    with_backend("simd", &GoldenQ8);
-}
-
-#[test]
-#[cfg(not(target_family = "wasm"))] // no threads on wasm32 (see common::with_backend)
-fn golden_q8_rayon() {
-    with_backend("rayon", &GoldenQ8);
-}
+common::simd_and_rayon_tests!(golden_q8_simd, golden_q8_rayon => &GoldenQ8);
 
 #[test]
 fn golden_q8_scalar() {

@@ -181,33 +181,26 @@ fn generation_streams_the_reference_text_and_sessions_fork_truncate_save_and_loa
         stats.finish_reason,
         kvcore_finish_reason::KVCORE_FINISH_LENGTH
     );
-    // The reference's text, decoded by the same ABI.
-    let mut buf = vec![0 as c_char; 4];
-    let mut len = 0;
-    // SAFETY: a live model; the buffer is 4 bytes, too small on purpose.
-    let status = unsafe {
-        kvcore_detokenize(
-            model,
-            greedy.as_ptr(),
-            greedy.len(),
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut len,
-        )
+    // The reference's text, decoded by the same ABI: first into 4 bytes, too small on
+    // purpose, then with the room it asked for.
+    let detokenize = |buf: &mut [c_char], len: &mut usize| {
+        // SAFETY: a live model, `greedy.len()` ids and a buffer of `buf.len()` bytes.
+        unsafe {
+            kvcore_detokenize(
+                model,
+                greedy.as_ptr(),
+                greedy.len(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                len,
+            )
+        }
     };
+    let (mut buf, mut len) = (vec![0 as c_char; 4], 0);
+    let status = detokenize(&mut buf, &mut len);
     assert_eq!(status, kvcore_status::KVCORE_ERR_BUFFER_TOO_SMALL);
     buf = vec![0; len + 1];
-    // SAFETY: as above, with room now.
-    ok(unsafe {
-        kvcore_detokenize(
-            model,
-            greedy.as_ptr(),
-            greedy.len(),
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut len,
-        )
-    });
+    ok(detokenize(&mut buf, &mut len));
     // SAFETY: NUL-terminated by kvcore_detokenize.
     let reference_text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
     assert_eq!(c.text, reference_text);

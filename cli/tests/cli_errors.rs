@@ -148,32 +148,22 @@ fn threads_zero_is_refused() {
     fails_in_one_line(&out, &["--threads"]);
 }
 
+/// An unknown `--backend` or `--activations` value is refused, naming the value and
+/// the flag (and, for `--activations`, the choices).
 #[test]
-fn an_unknown_backend_is_refused() {
-    let dir = temp_dir("backend");
-    let out = run(&[
-        "generate",
-        &tiny_model(&dir),
-        "--backend",
-        "gpu",
-        "-p",
-        "hi",
-    ]);
-    fails_in_one_line(&out, &["gpu", "--backend"]);
-}
-
-#[test]
-fn unknown_activations_are_refused() {
-    let dir = temp_dir("activations");
-    let out = run(&[
-        "generate",
-        &tiny_model(&dir),
-        "--activations",
-        "int4",
-        "-p",
-        "hi",
-    ]);
-    fails_in_one_line(&out, &["int4", "--activations", "f32, q8"]);
+fn an_unknown_backend_or_activations_is_refused() {
+    let dir = temp_dir("choices");
+    for (flag, value, says) in [
+        ("--backend", "gpu", &["gpu", "--backend"][..]),
+        (
+            "--activations",
+            "int4",
+            &["int4", "--activations", "f32, q8"],
+        ),
+    ] {
+        let out = run(&["generate", &tiny_model(&dir), flag, value, "-p", "hi"]);
+        fails_in_one_line(&out, says);
+    }
 }
 
 #[test]

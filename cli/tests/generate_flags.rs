@@ -492,33 +492,37 @@ fn chat_takes_system_stop_and_sampling_flags() {
     );
 }
 
+/// The rows `kvcore bench` prints for SmolLM2 with `args`, one repetition, on the simd
+/// backend.
+fn bench_rows(args: &[&str]) -> Vec<Value> {
+    let model = smollm2();
+    let mut all = vec!["bench", model.as_str()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-r", "1", "--backend", "simd", "--json"]);
+    let (stdout, _) = succeeds(&kvcore(&all, ""));
+    let rows: Value = serde_json::from_str(&stdout).unwrap();
+    rows.as_array().unwrap().clone()
+}
+
+/// `kvcore bench` with `args` on SmolLM2 fails, saying `message`.
+fn bench_refuses(args: &[&str], message: &str) {
+    let model = smollm2();
+    let mut all = vec!["bench", model.as_str()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-r", "1"]);
+    let out = kvcore(&all, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(message),
+        "{stderr}"
+    );
+}
+
 /// `bench -s`: each generation test once per number of concurrent sequences, decoded
 /// together; the tokens counted are all the sequences', the KV bytes all their stores'.
 #[test]
 fn bench_decodes_concurrent_sequences() {
-    let model = smollm2();
-    let (stdout, _) = succeeds(&kvcore(
-        &[
-            "bench",
-            &model,
-            "-p",
-            "2",
-            "-n",
-            "3",
-            "-d",
-            "10",
-            "-s",
-            "1,4",
-            "-r",
-            "1",
-            "--backend",
-            "simd",
-            "--json",
-        ],
-        "",
-    ));
-    let rows: Value = serde_json::from_str(&stdout).unwrap();
-    let rows = rows.as_array().unwrap();
+    let rows = bench_rows(&["-p", "2", "-n", "3", "-d", "10", "-s", "1,4"]);
     let labels: Vec<(&str, u64, u64)> = rows
         .iter()
         .map(|r| {
@@ -542,41 +546,16 @@ fn bench_decodes_concurrent_sequences() {
         uint(&rows[2], "kv_bytes") >= 4 * uint(&rows[1], "kv_bytes"),
         "{rows:?}"
     );
-    let out = kvcore(
-        &["bench", &model, "-p", "1", "-n", "1", "-s", "0", "-r", "1"],
-        "",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("--sequences must be at least 1"),
-        "{stderr}"
+    bench_refuses(
+        &["-p", "1", "-n", "1", "-s", "0"],
+        "--sequences must be at least 1",
     );
 }
 
 /// `bench -d`: each test runs on a cache that already holds D positions.
 #[test]
 fn bench_runs_at_depth() {
-    let model = smollm2();
-    let (stdout, _) = succeeds(&kvcore(
-        &[
-            "bench",
-            &model,
-            "-p",
-            "4",
-            "-n",
-            "3",
-            "-d",
-            "0,100",
-            "-r",
-            "1",
-            "--backend",
-            "simd",
-            "--json",
-        ],
-        "",
-    ));
-    let rows: Value = serde_json::from_str(&stdout).unwrap();
-    let rows = rows.as_array().unwrap();
+    let rows = bench_rows(&["-p", "4", "-n", "3", "-d", "0,100"]);
     let labels: Vec<(&str, u64)> = rows
         .iter()
         .map(|r| (r["test"].as_str().unwrap(), r["depth"].as_u64().unwrap()))
@@ -595,15 +574,5 @@ fn bench_runs_at_depth() {
     for r in &rows[2..] {
         assert!(uint(r, "kv_bytes") >= 103 * per_position, "{r}");
     }
-    let out = kvcore(
-        &[
-            "bench", &model, "-p", "4", "-n", "0", "-d", "9000", "-r", "1",
-        ],
-        "",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("at depth 9000"),
-        "{stderr}"
-    );
+    bench_refuses(&["-p", "4", "-n", "0", "-d", "9000"], "at depth 9000");
 }

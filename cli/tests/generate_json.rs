@@ -1,13 +1,11 @@
 //! The `kvcore generate` binary end to end on SmolLM2: the reference greedy continuation,
 //! the JSON report, the KV footprint of grow vs dense, and peak RSS as the OS reports it.
 
-use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn model() -> PathBuf {
-    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
-}
+use common::{kvcore, smollm2 as model, succeeds};
+use serde_json::Value;
+use std::process::Command;
 
 fn reference() -> Vec<Value> {
     let p = concat!(
@@ -32,19 +30,12 @@ fn ids(v: &Value) -> Vec<u64> {
 
 /// Runs `kvcore generate --json` with `args`, returning the parsed JSON.
 fn generate_json(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-        .arg("generate")
-        .arg(model())
-        .args(args)
-        .arg("--json")
-        .output()
-        .expect("run kvcore");
-    assert!(
-        out.status.success(),
-        "kvcore failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+    let model = model();
+    let mut all = vec!["generate", model.as_str()];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (stdout, _) = succeeds(&kvcore(&all, ""));
+    serde_json::from_str(&stdout).expect("one JSON object on stdout")
 }
 
 #[test]
@@ -168,20 +159,9 @@ fn model_is_fetched_into_an_empty_cache() {
 /// `tokenize`, `embed` and `info` on the real model.
 #[test]
 fn tokenize_embed_and_info() {
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-            .args(args)
-            .output()
-            .expect("run kvcore");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |args: &[&str]| succeeds(&kvcore(args, "")).0;
     let model = model();
-    let model = model.to_str().unwrap();
+    let model = model.as_str();
     // Ids from llama.cpp (../shared/reference/.../tokenizer.jsonl).
     let ids = run(&["tokenize", model, "Hello world", "--json"]);
     assert_eq!(ids.trim(), "[19556,905]");
@@ -212,19 +192,26 @@ fn activations_q8_in_generate_and_bench() {
     let json = generate_json(&["-p", "Hello", "-n", "1", "--greedy"]);
     assert_eq!(json["stats"]["activations"], "f32");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-        .arg("bench")
-        .arg(model())
-        .args(["-p", "4", "-n", "3", "-r", "1", "--backend", "simd"])
-        .args(["--activations", "f32,q8", "--json"])
-        .output()
-        .expect("run kvcore bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let model = model();
+    let (stdout, _) = succeeds(&kvcore(
+        &[
+            "bench",
+            &model,
+            "-p",
+            "4",
+            "-n",
+            "3",
+            "-r",
+            "1",
+            "--backend",
+            "simd",
+            "--activations",
+            "f32,q8",
+            "--json",
+        ],
+        "",
+    ));
+    let rows: Value = serde_json::from_str(&stdout).expect("JSON rows");
     let labels: Vec<(String, String)> = rows
         .as_array()
         .unwrap()

@@ -189,10 +189,7 @@ fn thirty_two_streaming_clients_with_a_shared_system_prompt_and_disconnects() {
 
     // Everything is freed within a few steps; the cache keeps the shared prompt.
     assert!(
-        server.wait_metrics(Duration::from_secs(10), |m| {
-            metric(m, "kvcore_running_sequences") == 0.0
-                && metric(m, "kvcore_kv_pool_blocks_in_use") == 0.0
-        }),
+        server.wait_freed(),
         "sequences or blocks left after the load"
     );
     let (_, m) = server.get("/metrics");

@@ -7,14 +7,11 @@
 
 #![no_main]
 
+#[path = "../checks/replay.rs"]
+mod replay;
+
 use kvcore_test_support::pool_diff::{PoolScenario, run};
 use libfuzzer_sys::fuzz_target;
+use replay::replay;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(scenario) = PoolScenario::from_bytes(data) else {
-        return;
-    };
-    if let Err(divergence) = run(&scenario) {
-        panic!("{divergence}");
-    }
-});
+fuzz_target!(|data: &[u8]| replay(data, PoolScenario::from_bytes, run));

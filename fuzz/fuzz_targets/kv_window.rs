@@ -7,14 +7,11 @@
 
 #![no_main]
 
+#[path = "../checks/replay.rs"]
+mod replay;
+
 use kvcore_test_support::kv_diff::{Scenario, run};
 use libfuzzer_sys::fuzz_target;
+use replay::replay;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(scenario) = Scenario::from_window_bytes(data) else {
-        return;
-    };
-    if let Err(divergence) = run(&scenario) {
-        panic!("{divergence}");
-    }
-});
+fuzz_target!(|data: &[u8]| replay(data, Scenario::from_window_bytes, run));

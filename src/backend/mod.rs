@@ -449,110 +449,237 @@ pub trait Backend: Send + Sync {
     -> Result<(), ShapeError>;
 }
 
-/// The methods a reference to a backend forwards to it, each calling `(**self)`'s: those
-/// of both impls below.
-macro_rules! forward_to_referent {
-    () => {
+/// Writes methods of a [`Backend`] impl that hand each call on to another backend: a
+/// reference's referent, a wrapper's inner backend. `forward_backend!(|s| to; m, ...)`
+/// defines each named method `m` as `Backend::m(to, <its arguments>)`, with `s` bound to
+/// `&self` in the expression `to` (a `&impl Backend` or `&dyn Backend`). `to` may do
+/// something first, `|s| { s.count()?; &s.inner }`, where every named method returns a
+/// `Result<_, ShapeError>`. The methods are [`Backend`]'s, by name; a method not named
+/// keeps its default or is written by hand.
+///
+/// ```
+/// use kvcore::backend::{Backend, ShapeError, Weights};
+///
+/// struct Named<B>(B);
+///
+/// impl<B: Backend> Backend for Named<B> {
+///     fn name(&self) -> &'static str {
+///         "named"
+///     }
+///     kvcore::forward_backend!(|s| &s.0;
+///         gemv, gemm, rope, attention, rms_norm, swiglu, geglu, add, softmax, embed_row);
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_backend {
+    (|$s:ident| $to:expr; $($method:ident),+ $(,)?) => {
+        $($crate::forward_backend!(@ $method |$s| $to);)+
+    };
+    (@ name |$s:ident| $to:expr) => {
         fn name(&self) -> &'static str {
-            (**self).name()
+            let $s = self;
+            $crate::backend::Backend::name($to)
         }
+    };
+    (@ kernel_path |$s:ident| $to:expr) => {
         fn kernel_path(&self) -> &'static str {
-            (**self).kernel_path()
+            let $s = self;
+            $crate::backend::Backend::kernel_path($to)
         }
+    };
+    (@ threads |$s:ident| $to:expr) => {
         fn threads(&self) -> usize {
-            (**self).threads()
+            let $s = self;
+            $crate::backend::Backend::threads($to)
         }
-        fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).gemv(w, x, y)
+    };
+    (@ scope |$s:ident| $to:expr) => {
+        fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+            let $s = self;
+            $crate::backend::Backend::scope($to, f)
         }
+    };
+    (@ join |$s:ident| $to:expr) => {
+        fn join<A: Send, C: Send>(
+            &self,
+            a: impl FnOnce() -> A + Send,
+            b: impl FnOnce() -> C + Send,
+        ) -> (A, C) {
+            let $s = self;
+            $crate::backend::Backend::join($to, a, b)
+        }
+    };
+    (@ gemv |$s:ident| $to:expr) => {
+        fn gemv(
+            &self,
+            w: &$crate::backend::Weights<'_>,
+            x: &[f32],
+            y: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::gemv($to, w, x, y)
+        }
+    };
+    (@ quantize_q8 |$s:ident| $to:expr) => {
         fn quantize_q8(
             &self,
-            layout: Q8Layout,
+            layout: $crate::backend::Q8Layout,
             x: &[f32],
-            out: &mut Q8Acts,
-        ) -> Result<(), ShapeError> {
-            (**self).quantize_q8(layout, x, out)
+            out: &mut $crate::backend::Q8Acts,
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::quantize_q8($to, layout, x, out)
         }
-        fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).gemv_q8(w, x, y)
+    };
+    (@ gemv_q8 |$s:ident| $to:expr) => {
+        fn gemv_q8(
+            &self,
+            w: &$crate::backend::Weights<'_>,
+            x: &$crate::backend::Q8Acts,
+            y: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::gemv_q8($to, w, x, y)
         }
-        fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).gemm_q8(w, x, y)
+    };
+    (@ gemm_q8 |$s:ident| $to:expr) => {
+        fn gemm_q8(
+            &self,
+            w: &$crate::backend::Weights<'_>,
+            x: &[$crate::backend::Q8Acts],
+            y: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::gemm_q8($to, w, x, y)
         }
-        fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).gemm(w, x, y)
+    };
+    (@ gemm |$s:ident| $to:expr) => {
+        fn gemm(
+            &self,
+            w: &$crate::backend::Weights<'_>,
+            x: &[f32],
+            y: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::gemm($to, w, x, y)
         }
+    };
+    (@ gemm_rows_alone_from |$s:ident| $to:expr) => {
+        fn gemm_rows_alone_from(&self) -> Option<usize> {
+            let $s = self;
+            $crate::backend::Backend::gemm_rows_alone_from($to)
+        }
+    };
+    (@ rope |$s:ident| $to:expr) => {
         fn rope(
             &self,
             x: &mut [f32],
             head_dim: usize,
             positions: &[usize],
-            rope: &Rope,
-        ) -> Result<(), ShapeError> {
-            (**self).rope(x, head_dim, positions, rope)
+            rope: &$crate::backend::Rope,
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::rope($to, x, head_dim, positions, rope)
         }
+    };
+    (@ attention |$s:ident| $to:expr) => {
         fn attention(
             &self,
-            q: ArrayView3<'_, f32>,
+            q: $crate::ndarray::ArrayView3<'_, f32>,
             q_pos: &[usize],
-            kv: &KvView<'_>,
-            params: &AttnParams,
-            out: ArrayViewMut3<'_, f32>,
-        ) -> Result<(), ShapeError> {
-            (**self).attention(q, q_pos, kv, params, out)
+            kv: &$crate::kv::KvView<'_>,
+            params: &$crate::backend::AttnParams,
+            out: $crate::ndarray::ArrayViewMut3<'_, f32>,
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::attention($to, q, q_pos, kv, params, out)
         }
+    };
+    (@ attention_batch |$s:ident| $to:expr) => {
         fn attention_batch(
             &self,
-            jobs: &mut [AttnJob<'_>],
-            params: &AttnParams,
-        ) -> Result<(), ShapeError> {
-            (**self).attention_batch(jobs, params)
+            jobs: &mut [$crate::backend::AttnJob<'_>],
+            params: &$crate::backend::AttnParams,
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::attention_batch($to, jobs, params)
         }
-        fn gemm_rows_alone_from(&self) -> Option<usize> {
-            (**self).gemm_rows_alone_from()
-        }
+    };
+    (@ attention_part_len |$s:ident| $to:expr) => {
         fn attention_part_len(&self) -> Option<usize> {
-            (**self).attention_part_len()
+            let $s = self;
+            $crate::backend::Backend::attention_part_len($to)
         }
+    };
+    (@ attention_part |$s:ident| $to:expr) => {
         fn attention_part(
             &self,
-            q: ArrayView3<'_, f32>,
+            q: $crate::ndarray::ArrayView3<'_, f32>,
             q_pos: &[usize],
-            kv: &KvView<'_>,
-            params: &AttnParams,
-            out: ArrayViewMut3<'_, f32>,
-            stats: &mut [PartStat],
-        ) -> Result<(), ShapeError> {
-            (**self).attention_part(q, q_pos, kv, params, out, stats)
+            kv: &$crate::kv::KvView<'_>,
+            params: &$crate::backend::AttnParams,
+            out: $crate::ndarray::ArrayViewMut3<'_, f32>,
+            stats: &mut [$crate::backend::PartStat],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::attention_part($to, q, q_pos, kv, params, out, stats)
         }
+    };
+    (@ rms_norm |$s:ident| $to:expr) => {
         fn rms_norm(
             &self,
             x: &[f32],
             weight: &[f32],
             eps: f32,
             out: &mut [f32],
-        ) -> Result<(), ShapeError> {
-            (**self).rms_norm(x, weight, eps, out)
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::rms_norm($to, x, weight, eps, out)
         }
-        fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).swiglu(gate, up, out)
+    };
+    (@ swiglu |$s:ident| $to:expr) => {
+        fn swiglu(
+            &self,
+            gate: &[f32],
+            up: &[f32],
+            out: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::swiglu($to, gate, up, out)
         }
-        fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-            (**self).geglu(gate, up, out)
+    };
+    (@ geglu |$s:ident| $to:expr) => {
+        fn geglu(
+            &self,
+            gate: &[f32],
+            up: &[f32],
+            out: &mut [f32],
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::geglu($to, gate, up, out)
         }
-        fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
-            (**self).add(acc, x)
+    };
+    (@ add |$s:ident| $to:expr) => {
+        fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::add($to, acc, x)
         }
+    };
+    (@ softmax |$s:ident| $to:expr) => {
         fn softmax(&self, x: &mut [f32]) {
-            (**self).softmax(x)
+            let $s = self;
+            $crate::backend::Backend::softmax($to, x)
         }
+    };
+    (@ embed_row |$s:ident| $to:expr) => {
         fn embed_row(
             &self,
-            table: &Weights<'_>,
+            table: &$crate::backend::Weights<'_>,
             row: usize,
             out: &mut [f32],
-        ) -> Result<(), ShapeError> {
-            (**self).embed_row(table, row, out)
+        ) -> Result<(), $crate::backend::ShapeError> {
+            let $s = self;
+            $crate::backend::Backend::embed_row($to, table, row, out)
         }
     };
 }
@@ -560,19 +687,10 @@ macro_rules! forward_to_referent {
 /// A shared reference to a backend is a backend: one backend can serve several models.
 /// Every method forwards to `B`'s, so a model on `&B` computes as one on `B`.
 impl<B: Backend> Backend for &B {
-    forward_to_referent!();
-
-    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        (**self).scope(f)
-    }
-
-    fn join<A: Send, C: Send>(
-        &self,
-        a: impl FnOnce() -> A + Send,
-        b: impl FnOnce() -> C + Send,
-    ) -> (A, C) {
-        (**self).join(a, b)
-    }
+    forward_backend!(|b| &**b;
+        name, kernel_path, threads, scope, join, gemv, quantize_q8, gemv_q8, gemm_q8, gemm,
+        gemm_rows_alone_from, rope, attention, attention_batch, attention_part_len,
+        attention_part, rms_norm, swiglu, geglu, add, softmax, embed_row);
 }
 
 /// A reference to a trait object is a backend too. [`Backend::scope`] and
@@ -581,7 +699,10 @@ impl<B: Backend> Backend for &B {
 /// Every other method forwards. Use `&B` or own the backend (`Llama<Rayon<_>>`) where
 /// the thread pool's scope matters.
 impl<'a> Backend for &(dyn Backend + 'a) {
-    forward_to_referent!();
+    forward_backend!(|b| &**b;
+        name, kernel_path, threads, gemv, quantize_q8, gemv_q8, gemm_q8, gemm,
+        gemm_rows_alone_from, rope, attention, attention_batch, attention_part_len,
+        attention_part, rms_norm, swiglu, geglu, add, softmax, embed_row);
 }
 
 #[cfg(test)]

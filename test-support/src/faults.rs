@@ -5,9 +5,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvcore::backend::{AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights};
-use kvcore::kv::{AllocGate, KvView};
-use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
+use kvcore::backend::{Backend, ShapeError};
+use kvcore::kv::AllocGate;
 
 /// The shape error a [`FailingBackend`] injects.
 pub const INJECTED: ShapeError = ShapeError::Geometry("injected fault");
@@ -72,118 +71,13 @@ impl<B: Backend> FailingBackend<B> {
 }
 
 impl<B: Backend> Backend for FailingBackend<B> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn threads(&self) -> usize {
-        self.inner.threads()
-    }
-    fn kernel_path(&self) -> &'static str {
-        self.inner.kernel_path()
-    }
-    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.inner.scope(f)
-    }
-    fn join<A: Send, C: Send>(
-        &self,
-        a: impl FnOnce() -> A + Send,
-        b: impl FnOnce() -> C + Send,
-    ) -> (A, C) {
-        self.inner.join(a, b)
-    }
-    fn gemm_rows_alone_from(&self) -> Option<usize> {
-        self.inner.gemm_rows_alone_from()
-    }
-    fn attention_part_len(&self) -> Option<usize> {
-        self.inner.attention_part_len()
-    }
-    fn attention_part(
-        &self,
-        q: ArrayView3<'_, f32>,
-        q_pos: &[usize],
-        kv: &KvView<'_>,
-        params: &AttnParams,
-        out: ArrayViewMut3<'_, f32>,
-        stats: &mut [PartStat],
-    ) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.attention_part(q, q_pos, kv, params, out, stats)
-    }
-    fn gemv(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.gemv(w, x, y)
-    }
-    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.quantize_q8(layout, x, out)
-    }
-    fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.gemv_q8(w, x, y)
-    }
-    fn gemm_q8(&self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.gemm_q8(w, x, y)
-    }
-    fn gemm(&self, w: &Weights<'_>, x: &[f32], y: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.gemm(w, x, y)
-    }
-    fn rope(
-        &self,
-        x: &mut [f32],
-        head_dim: usize,
-        positions: &[usize],
-        rope: &Rope,
-    ) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.rope(x, head_dim, positions, rope)
-    }
-    fn attention(
-        &self,
-        q: ArrayView3<'_, f32>,
-        q_pos: &[usize],
-        kv: &KvView<'_>,
-        params: &AttnParams,
-        out: ArrayViewMut3<'_, f32>,
-    ) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.attention(q, q_pos, kv, params, out)
-    }
-    fn rms_norm(
-        &self,
-        x: &[f32],
-        weight: &[f32],
-        eps: f32,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.rms_norm(x, weight, eps, out)
-    }
-    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.swiglu(gate, up, out)
-    }
-    fn geglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.geglu(gate, up, out)
-    }
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.add(acc, x)
-    }
-    fn softmax(&self, x: &mut [f32]) {
-        self.inner.softmax(x)
-    }
-    fn embed_row(
-        &self,
-        table: &Weights<'_>,
-        row: usize,
-        out: &mut [f32],
-    ) -> Result<(), ShapeError> {
-        self.check()?;
-        self.inner.embed_row(table, row, out)
-    }
+    kvcore::forward_backend!(|f| &f.inner;
+        name, threads, kernel_path, scope, join, gemm_rows_alone_from, attention_part_len,
+        softmax);
+    // The fallible kernel calls, each counted (and the armed one failed) first.
+    kvcore::forward_backend!(|f| { f.check()?; &f.inner };
+        attention_part, gemv, quantize_q8, gemv_q8, gemm_q8, gemm, rope, attention, rms_norm,
+        swiglu, geglu, add, embed_row);
 }
 
 /// An [`AllocGate`] that refuses the `k`-th allocation it is asked about.

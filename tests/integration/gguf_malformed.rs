@@ -4,6 +4,7 @@
 //! Files are made by [`GgufWriter`] and then patched at byte positions found by searching
 //! for the length-prefixed key or tensor name, so each case changes exactly one field.
 
+use crate::common::{put_u32, put_u64};
 use kvcore::DType;
 use kvcore::gguf::{GgufError, GgufFile, GgufWriter, Value};
 use proptest::prelude::*;
@@ -92,16 +93,6 @@ fn info_at(bytes: &[u8], name: &str) -> InfoAt {
     }
 }
 
-fn put32(mut bytes: Vec<u8>, at: usize, v: u32) -> Vec<u8> {
-    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    bytes
-}
-
-fn put64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {
-    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    bytes
-}
-
 fn get64(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
 }
@@ -178,17 +169,17 @@ fn malformed_cases_give_their_error() {
         }, GgufError::BadMagic { found } if found == b"GGUV"),
         case!(
             "version 1",
-            put32(b.clone(), 4, 1),
+            put_u32(b.clone(), 4, 1),
             GgufError::UnsupportedVersion(1)
         ),
         case!(
             "version 4",
-            put32(b.clone(), 4, 4),
+            put_u32(b.clone(), 4, 4),
             GgufError::UnsupportedVersion(4)
         ),
         case!(
             "big-endian version 3",
-            put32(b.clone(), 4, 3u32.swap_bytes()),
+            put_u32(b.clone(), 4, 3u32.swap_bytes()),
             GgufError::UnsupportedVersion(0x0300_0000)
         ),
         case!(
@@ -287,12 +278,12 @@ fn malformed_cases_give_their_error() {
             GgufError::TensorOutOfBounds { tensor, n_bytes: 32, .. } if tensor == T2),
         case!(
             "string length beyond the file",
-            put64(b.clone(), arch_value, u64::MAX),
+            put_u64(b.clone(), arch_value, u64::MAX),
             GgufError::StringTooLong { len: u64::MAX, .. }
         ),
         case!(
             "key length beyond the file",
-            put64(b.clone(), str_at(&b, KEY_U32), 1 << 40),
+            put_u64(b.clone(), str_at(&b, KEY_U32), 1 << 40),
             GgufError::StringTooLong {
                 len: 0x100_0000_0000,
                 ..
@@ -300,7 +291,7 @@ fn malformed_cases_give_their_error() {
         ),
         case!(
             "metadata count beyond the file",
-            put64(b.clone(), 16, 1 << 40),
+            put_u64(b.clone(), 16, 1 << 40),
             GgufError::CountTooLarge {
                 at: 16,
                 what: "metadata entry",
@@ -309,7 +300,7 @@ fn malformed_cases_give_their_error() {
         ),
         case!(
             "metadata count times entry size overflows",
-            put64(b.clone(), 16, u64::MAX),
+            put_u64(b.clone(), 16, u64::MAX),
             GgufError::CountTooLarge {
                 at: 16,
                 count: u64::MAX,
@@ -318,7 +309,7 @@ fn malformed_cases_give_their_error() {
         ),
         case!(
             "tensor count beyond the file",
-            put64(b.clone(), 8, u64::MAX / 2),
+            put_u64(b.clone(), 8, u64::MAX / 2),
             GgufError::CountTooLarge {
                 at: 8,
                 what: "tensor info",
@@ -327,16 +318,16 @@ fn malformed_cases_give_their_error() {
         ),
         case!(
             "array count beyond the file",
-            put64(b.clone(), arr_type + 8, u64::MAX),
+            put_u64(b.clone(), arr_type + 8, u64::MAX),
             GgufError::CountTooLarge {
                 what: "array element",
                 count: u64::MAX,
                 ..
             }
         ),
-        case!("unknown value type", put32(b.clone(), u32_type, 13),
+        case!("unknown value type", put_u32(b.clone(), u32_type, 13),
             GgufError::UnknownValueType { at, type_id: 13 } if *at == u32_type as u64),
-        case!("unknown array element type", put32(b.clone(), arr_type + 4, 0xffff_ffff),
+        case!("unknown array element type", put_u32(b.clone(), arr_type + 4, 0xffff_ffff),
             GgufError::UnknownValueType { at, type_id: 0xffff_ffff } if *at == arr_type as u64 + 4),
         case!("invalid bool", {
             let mut x = b.clone();
@@ -387,46 +378,46 @@ fn malformed_cases_give_their_error() {
                 ..
             }
         ),
-        case!("too many dims", put32(b.clone(), t0.n_dims, 5),
+        case!("too many dims", put_u32(b.clone(), t0.n_dims, 5),
             GgufError::TooManyDims { tensor, n_dims: 5 } if tensor == T0),
         case!(
             "n_dims u32::MAX",
-            put32(b.clone(), t0.n_dims, u32::MAX),
+            put_u32(b.clone(), t0.n_dims, u32::MAX),
             GgufError::TooManyDims {
                 n_dims: u32::MAX,
                 ..
             }
         ),
-        case!("unknown tensor type", put32(b.clone(), t1.dtype, 99),
+        case!("unknown tensor type", put_u32(b.clone(), t1.dtype, 99),
             GgufError::UnknownTensorType { tensor, type_id: 99 } if tensor == T1),
         case!(
             "removed ggml type slot",
-            put32(b.clone(), t1.dtype, 4),
+            put_u32(b.clone(), t1.dtype, 4),
             GgufError::UnknownTensorType { type_id: 4, .. }
         ),
-        case!("unsupported tensor type", put32(b.clone(), t1.dtype, 10),
+        case!("unsupported tensor type", put_u32(b.clone(), t1.dtype, 10),
             GgufError::UnsupportedTensorType { tensor, type_id: 10, type_name: "Q2_K" } if tensor == T1),
         case!("dims product overflows",
-            put64(put64(b.clone(), t0.dims, 1 << 32), t0.dims + 8, 1 << 32),
+            put_u64(put_u64(b.clone(), t0.dims, 1 << 32), t0.dims + 8, 1 << 32),
             GgufError::DimsOverflow { tensor, .. } if tensor == T0),
-        case!("byte size overflows", put64(b.clone(), t2.dims, u64::MAX),
+        case!("byte size overflows", put_u64(b.clone(), t2.dims, u64::MAX),
             GgufError::DimsOverflow { tensor, dims } if tensor == T2 && dims == &[u64::MAX]),
         case!(
             "huge dims behind a zero dim",
-            put64(put64(b.clone(), t0.dims, 0), t0.dims + 8, u64::MAX),
+            put_u64(put_u64(b.clone(), t0.dims, 0), t0.dims + 8, u64::MAX),
             GgufError::DimsOverflow { .. }
         ),
-        case!("ne0 not a multiple of the block", put64(b.clone(), t1.dims, 16),
+        case!("ne0 not a multiple of the block", put_u64(b.clone(), t1.dims, 16),
             GgufError::PartialBlock { tensor, dtype: DType::Q8_0, ne0: 16 } if tensor == T1),
         case!("tensor data out of bounds",
-            put64(b.clone(), t2.offset, get64(&b, t2.offset) + 32),
+            put_u64(b.clone(), t2.offset, get64(&b, t2.offset) + 32),
             GgufError::TensorOutOfBounds { tensor, .. } if tensor == T2),
-        case!("tensor offset + size overflows", put64(b.clone(), t2.offset, u64::MAX - 31),
+        case!("tensor offset + size overflows", put_u64(b.clone(), t2.offset, u64::MAX - 31),
             GgufError::TensorOutOfBounds { offset, .. } if *offset == u64::MAX - 31),
-        case!("tensor larger than the data section", put64(b.clone(), t0.dims + 8, 1000),
+        case!("tensor larger than the data section", put_u64(b.clone(), t0.dims + 8, 1000),
             GgufError::TensorOutOfBounds { tensor, n_bytes: 32000, .. } if tensor == T0),
         case!("misaligned tensor offset",
-            put64(b.clone(), t1.offset, get64(&b, t1.offset) + 1),
+            put_u64(b.clone(), t1.offset, get64(&b, t1.offset) + 1),
             GgufError::MisalignedTensor { tensor, alignment: 32, .. } if tensor == T1),
     ];
     let mut failures = Vec::new();
@@ -482,7 +473,7 @@ fn accepted_edge_cases() {
     let f = GgufFile::from_bytes(empty).unwrap();
     assert!(f.tensors().is_empty() && f.metadata().is_empty());
     // Version 2 reads the same layout.
-    let f = GgufFile::from_bytes(put32(base(), 4, 2)).unwrap();
+    let f = GgufFile::from_bytes(put_u32(base(), 4, 2)).unwrap();
     assert_eq!(f.version(), 2);
     // An empty tensor (a zero dim) is allowed, with any other dims.
     let mut w = GgufWriter::new();

@@ -148,15 +148,10 @@ fn tiny_models_grow_equals_dense_scalar() {
     with_backend("scalar", &TinyProperty);
 }
 
-#[test]
-fn tiny_models_grow_equals_dense_simd() {
-    with_backend("simd", &TinyProperty);
-}
-
-#[test]
-fn tiny_models_grow_equals_dense_rayon() {
-    with_backend("rayon", &TinyProperty);
-}
+crate::common::simd_and_rayon_tests!(
+    tiny_models_grow_equals_dense_simd,
+    tiny_models_grow_equals_dense_rayon => &TinyProperty
+);
 
 /// SmolLM2, 300 greedy tokens after a short prompt: bitwise-identical logits at every step.
 #[test]

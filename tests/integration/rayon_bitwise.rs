@@ -215,19 +215,9 @@ macro_rules! bitwise_suite {
                 /// or windowed.
                 #[test]
                 fn attention_prefill_kv_types(
-                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 0usize..600, n_new in 8usize..40,
-                    cuts in prop::collection::vec(0usize..600, 0..3),
-                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..400), seed in any::<u64>()
+                    case in kv_attention(vec![32, 64], 1..3, 0..600, 8usize..40, 0, 1..400, false)
                 ) {
-                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let case = Attention::new(shape, n_new, 0, seed)
-                        .with_cuts(&cuts)
-                        .with_kv_types((k, v))
-                        .with_window(window);
-                    same_bits(&*INNER, &POOLS, &case);
+                    same_bits(&*INNER, &POOLS, &case.case());
                 }
 
                 /// Decode steps and short prefills over deep caches: with few rows,
@@ -236,23 +226,9 @@ macro_rules! bitwise_suite {
                 /// backend does. Every KV type, causal and windowed, cut into segments.
                 #[test]
                 fn attention_at_depth(
-                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..4,
-                    group in 1usize..4, pos0 in 200usize..1500, n_new in 1usize..3,
-                    cuts in prop::collection::vec(0usize..1500, 0..3),
-                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..900), seed in any::<u64>(),
-                    offsets in any::<bool>()
+                    case in kv_attention(vec![32, 64], 1..4, 200..1500, 1usize..3, 1, 1..900, true)
                 ) {
-                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
-                        .with_cuts(&cuts)
-                        .with_kv_types((k, v))
-                        .with_window(window);
-                    if offsets {
-                        case = case.with_key_offsets(!seed);
-                    }
-                    same_bits(&*INNER, &POOLS, &case);
+                    same_bits(&*INNER, &POOLS, &case.case());
                 }
 
                 /// Several sequences in one `attention_batch` (a batched decode step or

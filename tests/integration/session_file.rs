@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::smollm2_file;
+use crate::common::{put_u32, put_u64, smollm2_file};
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Llama, Sampler, Sampling};
 use kvcore::session::file::{MAGIC, VERSION};
@@ -75,16 +75,6 @@ fn session_typed<B: Backend>(
         s.prefill(model, ids).unwrap();
     }
     s
-}
-
-fn put_u64(mut bytes: Vec<u8>, at: usize, v: u64) -> Vec<u8> {
-    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    bytes
-}
-
-fn put_u32(mut bytes: Vec<u8>, at: usize, v: u32) -> Vec<u8> {
-    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    bytes
 }
 
 /// The model, a session of 7 positions (a prefill and a decode step) with a blob, its

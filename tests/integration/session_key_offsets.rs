@@ -108,6 +108,15 @@ fn greedy_steps<K: KvStore>(
     out
 }
 
+/// `err` is `CalibrationMismatch` with these sides.
+#[track_caller]
+fn assert_mismatch(err: &SessionError, file: bool, store: bool) {
+    assert!(
+        matches!(err, SessionError::CalibrationMismatch { file: f, store: s } if (*f, *s) == (file, store)),
+        "{err}"
+    );
+}
+
 #[test]
 fn q8_session_with_key_offsets_round_trips_bitwise() {
     let model = load_smollm2(Simd::new());
@@ -168,32 +177,14 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
 
     let mut empty = without_offsets(&model);
     let err = fails(&model, &mut empty, &bytes);
-    assert!(
-        matches!(
-            err,
-            SessionError::CalibrationMismatch {
-                file: true,
-                store: false
-            }
-        ),
-        "{err}"
-    );
+    assert_mismatch(&err, true, false);
     assert!(err.to_string().contains("key offsets"), "{err}");
     assert!(empty.is_empty() && empty.kv().is_empty());
 
     let mut holding = without_offsets(&model);
     holding.prefill(&model, &[5, 6, 7, 8]).unwrap();
     let err = fails(&model, &mut holding, &bytes);
-    assert!(
-        matches!(
-            err,
-            SessionError::CalibrationMismatch {
-                file: true,
-                store: false
-            }
-        ),
-        "{err}"
-    );
+    assert_mismatch(&err, true, false);
     assert_eq!(holding.tokens(), [5, 6, 7, 8]);
     // Still usable, as it was.
     holding.decode(&model, 9).unwrap();
@@ -204,16 +195,7 @@ fn a_file_with_key_offsets_refuses_a_store_without_them() {
     other[at] ^= 1;
     let mut target = with_offsets(&model, CTX);
     let err = fails(&model, &mut target, &reseal(other));
-    assert!(
-        matches!(
-            err,
-            SessionError::CalibrationMismatch {
-                file: true,
-                store: true
-            }
-        ),
-        "{err}"
-    );
+    assert_mismatch(&err, true, true);
     assert!(err.to_string().contains("other key offsets"), "{err}");
 }
 
@@ -229,16 +211,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
     let mut target = with_offsets(&model, CTX);
     target.prefill(&model, &[1, 2]).unwrap();
     let err = fails(&model, &mut target, &bytes);
-    assert!(
-        matches!(
-            err,
-            SessionError::CalibrationMismatch {
-                file: false,
-                store: true
-            }
-        ),
-        "{err}"
-    );
+    assert_mismatch(&err, false, true);
 
     // The same session as a version-2 file (no key-offsets section): read as a file
     // without offsets, so refused the same way, and loaded by a store without them.
@@ -247,16 +220,7 @@ fn a_file_without_key_offsets_refuses_a_store_with_them() {
     v2[8..12].copy_from_slice(&2u32.to_le_bytes());
     let v2 = reseal(v2);
     let err = fails(&model, &mut target, &v2);
-    assert!(
-        matches!(
-            err,
-            SessionError::CalibrationMismatch {
-                file: false,
-                store: true
-            }
-        ),
-        "{err}"
-    );
+    assert_mismatch(&err, false, true);
     for file in [&bytes, &v2] {
         let mut same = without_offsets(&model);
         same.restore_from(&model, &file[..], file.len() as u64, |_| Ok(()))

@@ -79,15 +79,10 @@ fn turns_match_the_reference_scalar() {
     with_backend("scalar", &Turns { prompts: 1 });
 }
 
-#[test]
-fn turns_match_the_reference_simd() {
-    with_backend("simd", &Turns { prompts: 3 });
-}
-
-#[test]
-fn turns_match_the_reference_rayon() {
-    with_backend("rayon", &Turns { prompts: 3 });
-}
+crate::common::simd_and_rayon_tests!(
+    turns_match_the_reference_simd,
+    turns_match_the_reference_rayon => &Turns { prompts: 3 }
+);
 
 fn tiny<B: Backend>(backend: B, dtype: DType) -> Llama<B> {
     let spec = TinyLlama {

@@ -7,38 +7,17 @@
 //! sequence decodes. A failure prints the text, the expected ids and the actual ids.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Instant;
 
-use kvcore::gguf::GgufFile;
 use kvcore::tokenizer::{Special, TokenType, Tokenizer};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
 use serde_json::Value;
 
 use crate::common;
+use crate::common::{gemma3_metadata as file, gemma3_tokenizer as tokenizer};
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "gemma3-270m-q4_k_m";
-
-fn model_path() -> PathBuf {
-    kvcore_fetch::gemma3_path().expect("the Gemma 3 270M model file is required")
-}
-
-/// The model file's metadata (all the tokenizer needs), read once for all tests.
-fn file() -> &'static GgufFile {
-    static FILE: OnceLock<GgufFile> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = model_path();
-        GgufFile::open_metadata(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
-    })
-}
-
-fn tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| Tokenizer::from_gguf(file()).expect("tokenizer from the Gemma 3 file"))
-}
 
 /// `(text, ids)` for every line of tokenizer.jsonl.
 fn tokenizer_cases() -> Vec<(String, Vec<u32>)> {
@@ -58,20 +37,12 @@ fn round_trip_of(text: &str) -> String {
 
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
-    let cases = tokenizer_cases();
-    common::check_encodings(
-        tokenizer(),
-        cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())),
-    );
+    common::check_reference_encodings(tokenizer(), &tokenizer_cases());
 }
 
 #[test]
 fn decode_restores_every_reference_line() {
-    let t = tokenizer();
-    for (text, ids) in tokenizer_cases() {
-        let decoded = t.decode(&ids).expect("reference ids are in the vocabulary");
-        assert_eq!(decoded, round_trip_of(&text), "decoding {ids:?}");
-    }
+    common::check_reference_decodings(tokenizer(), &tokenizer_cases(), round_trip_of);
 }
 
 /// Byte-fallback tokens spell a character over up to four ids: the stream holds the
@@ -142,14 +113,8 @@ fn greedy_ids_decode_to_greedy_text() {
 fn special_tokens_follow_the_metadata() {
     let t = tokenizer();
     let f = file();
-    let meta_id = |key: &str| u32::try_from(f.get_u64(key).expect(key)).unwrap();
-    assert_eq!(
-        t.vocab_size(),
-        f.get_array("tokenizer.ggml.tokens").unwrap().len()
-    );
-    assert_eq!(t.bos_id(), Some(meta_id("tokenizer.ggml.bos_token_id")));
+    common::check_metadata_ids(t, f);
     assert_eq!(t.bos_id(), Some(2));
-    assert_eq!(t.eos_id(), Some(meta_id("tokenizer.ggml.eos_token_id")));
     assert!(t.add_bos());
     assert_eq!(
         t.pre_tokenizer(),
@@ -308,131 +273,59 @@ fn encoding_is_fast_and_linear() {
         );
     }
 
-    let one_word = "a".repeat(50_000);
-    let start = Instant::now();
-    let ids = t.encode(&one_word, Special::Literal);
-    assert!(
-        start.elapsed().as_secs_f64() < 2.0,
-        "a 50 kB word took {:?}",
-        start.elapsed()
-    );
-    assert_eq!(t.decode(&ids).unwrap(), one_word);
+    common::check_one_long_word(t);
 }
 
-fn config() -> Config {
-    Config {
-        cases: 256,
-        rng_seed: RngSeed::Fixed(0x6765_6d6d_6133),
-        ..Config::default()
-    }
-}
-
-/// Text built from pieces that stress this tokenizer: control tokens and parts of them,
-/// user-defined tokens (runs of spaces, newlines and tabs, HTML tags), a literal `▁`,
-/// characters that fall back to bytes, digits, words in several scripts, arbitrary chars.
-fn tricky_text() -> impl Strategy<Value = String> {
-    let piece = prop_oneof![
-        prop::sample::select(vec![
-            "<start_of_turn>",
-            "<end_of_turn>",
-            "<start_of_turn>user\n",
-            "<eos>",
-            "<bos>",
-            "<pad>",
-            "<unk>",
-            "<mask>",
-            "<unused0>",
-            "<unused6000>",
-            "<start_of",
-            "_turn>",
-            "<",
-            ">",
-            "<b>",
-            "</td>",
-            "<table>",
-            "[multimodal]",
-            "<start_of_image>",
-            "<|im_start|>",
-            "▁",
-            "▁▁",
-            " ",
-            "  ",
-            "   ",
-            "\n",
-            "\n\n",
-            "\t",
-            "\t\t",
-            " \n ",
-            "\r\n",
-            "\u{a0}",
-            "\u{200b}",
-            "\u{7}",
-            "0",
-            "42",
-            "3.14",
-            "the",
-            " The",
-            "café",
-            "Straße",
-            "你好",
-            "𠜎",
-            "Привет",
-            "مرحبا",
-            "🙂",
-            "👍🏽",
-            "🦩",
-            "e\u{301}",
-        ])
-        .prop_map(str::to_string),
-        "[ \t\n0-9a-zA-Z'.,!?<|>_-]{1,12}",
-        any::<char>().prop_map(String::from),
-    ];
-    prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
-}
-
-/// Any string: arbitrary unicode or the tricky pieces above.
+/// Any string, or text built from pieces that stress this tokenizer: control tokens and
+/// parts of them, user-defined tokens (runs of spaces, newlines and tabs, HTML tags), a
+/// literal `▁`, characters that fall back to bytes, digits, words in several scripts.
 fn any_text() -> impl Strategy<Value = String> {
-    prop_oneof![any::<String>(), tricky_text()]
+    common::tokenizer_text(vec![
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "<start_of_turn>user\n",
+        "<eos>",
+        "<bos>",
+        "<pad>",
+        "<unk>",
+        "<mask>",
+        "<unused0>",
+        "<unused6000>",
+        "<start_of",
+        "_turn>",
+        ">",
+        "<b>",
+        "</td>",
+        "<table>",
+        "[multimodal]",
+        "<start_of_image>",
+        "▁",
+        "▁▁",
+        "\t\t",
+        "\u{7}",
+        "𠜎",
+        "🦩",
+    ])
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(common::tokenizer_proptest_config(0x6765_6d6d_6133))]
 
     #[test]
     fn decode_inverts_encode(s in any_text()) {
-        let t = tokenizer();
-        for special in [Special::Parse, Special::Literal] {
-            let ids = t.encode(&s, special);
-            prop_assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()));
-            prop_assert_eq!(t.decode(&ids).unwrap(), round_trip_of(&s));
-        }
+        common::check_decode_inverts_encode(tokenizer(), &s, &round_trip_of(&s))?;
     }
 
     /// User text never becomes a control token, whatever control-token texts it holds
     /// (the strategy splices them in); parsed, the same text does.
     #[test]
     fn literal_text_has_no_control_ids(s in any_text()) {
-        let t = tokenizer();
-        let ids = t.encode(&s, Special::Literal);
-        prop_assert!(ids.iter().all(|&id| !t.is_control(id)), "{:?} -> {:?}", s, ids);
-        let parsed = t.encode(&s, Special::Parse);
-        if !parsed.iter().any(|&id| t.is_control(id)) {
-            prop_assert_eq!(parsed, ids, "without control texts both modes agree");
-        }
+        common::check_literal_has_no_control_ids(tokenizer(), &s)?;
     }
 
     #[test]
     fn streaming_decode_concatenates_to_the_text(s in any_text()) {
-        let t = tokenizer();
-        let ids = t.encode(&s, Special::Parse);
-        let (chunks, tail) = common::stream_chunks(t, &ids);
-        prop_assert_eq!(tail, "", "nothing left over after a whole text");
-        for c in &chunks {
-            // A chunk is a `String`, so valid UTF-8; it must also not hold a replacement
-            // char that the text lacks (a character split across byte tokens).
-            prop_assert!(!c.contains('\u{fffd}') || s.contains('\u{fffd}'), "chunk {:?}", c);
-        }
-        prop_assert_eq!(chunks.concat(), round_trip_of(&s));
+        common::check_streaming_decode(tokenizer(), &s, &round_trip_of(&s))?;
     }
 
     #[test]

@@ -3,36 +3,16 @@
 //! (`tokenizer.jsonl`, `logits.json`; see the README there). A failure prints the text,
 //! the expected ids and the actual ids.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Instant;
 
-use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special, Tokenizer};
+use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special};
 use serde_json::Value;
 
 use crate::common;
+use crate::common::{smollm2_shared as file, smollm2_tokenizer as tokenizer};
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "smollm2-135m-instruct-q4_1";
-
-fn model_path() -> PathBuf {
-    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
-}
-
-/// The model file, opened once for all tests.
-fn file() -> &'static GgufFile {
-    static FILE: OnceLock<GgufFile> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = model_path();
-        GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
-    })
-}
-
-fn tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| Tokenizer::from_gguf(file()).expect("tokenizer from the SmolLM2 file"))
-}
 
 /// `(text, ids)` for every line of tokenizer.jsonl.
 fn tokenizer_cases() -> Vec<(String, Vec<u32>)> {
@@ -46,20 +26,12 @@ fn prompts() -> Vec<Value> {
 
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
-    let cases = tokenizer_cases();
-    common::check_encodings(
-        tokenizer(),
-        cases.iter().map(|(t, ids)| (t.as_str(), ids.clone())),
-    );
+    common::check_reference_encodings(tokenizer(), &tokenizer_cases());
 }
 
 #[test]
 fn decode_restores_every_reference_line() {
-    let t = tokenizer();
-    for (text, ids) in tokenizer_cases() {
-        let decoded = t.decode(&ids).expect("reference ids are in the vocabulary");
-        assert_eq!(decoded, text, "decoding {ids:?}");
-    }
+    common::check_reference_decodings(tokenizer(), &tokenizer_cases(), str::to_string);
 }
 
 #[test]
@@ -150,13 +122,7 @@ fn greedy_ids_decode_to_greedy_text() {
 fn special_tokens_follow_the_metadata() {
     let t = tokenizer();
     let f = file();
-    let meta_id = |key: &str| u32::try_from(f.get_u64(key).expect(key)).unwrap();
-    assert_eq!(
-        t.vocab_size(),
-        f.get_array("tokenizer.ggml.tokens").unwrap().len()
-    );
-    assert_eq!(t.bos_id(), Some(meta_id("tokenizer.ggml.bos_token_id")));
-    assert_eq!(t.eos_id(), Some(meta_id("tokenizer.ggml.eos_token_id")));
+    common::check_metadata_ids(t, f);
     assert_eq!(
         t.add_bos(),
         f.get_bool("tokenizer.ggml.add_bos_token").unwrap()
@@ -193,13 +159,5 @@ fn encoding_is_fast_and_linear() {
     // ~10 ms on one core; the bound only catches a quadratic or regex-backtracking blowup.
     assert!(elapsed.as_secs_f64() < 2.0, "100 kB took {elapsed:?}");
 
-    let one_word = "a".repeat(50_000);
-    let start = Instant::now();
-    let ids = t.encode(&one_word, Special::Literal);
-    assert!(
-        start.elapsed().as_secs_f64() < 2.0,
-        "a 50 kB word took {:?}",
-        start.elapsed()
-    );
-    assert_eq!(t.decode(&ids).unwrap(), one_word);
+    common::check_one_long_word(t);
 }

@@ -7,26 +7,10 @@
 //! so exact round trips are checked on text whose every byte has a token, and the dropping
 //! itself on arbitrary text.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kvcore::gguf::GgufFile;
-use kvcore::tokenizer::{Special, TokenType, Tokenizer};
+use kvcore::tokenizer::{Special, TokenType};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
-
-fn model_path() -> PathBuf {
-    kvcore_fetch::smollm2_path().expect("the SmolLM2 model file is required")
-}
-
-fn tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let path = model_path();
-        let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
-        Tokenizer::from_gguf(&f).expect("tokenizer from the SmolLM2 file")
-    })
-}
 
 /// `has_token[b]`: whether byte `b` has a single-byte token, found from the vocabulary.
 fn byte_has_token() -> &'static [bool; 256] {
@@ -55,68 +39,25 @@ fn spellable_bytes(s: &str) -> String {
 }
 
 use crate::common;
+use crate::common::smollm2_tokenizer as tokenizer;
 
-fn config() -> Config {
-    Config {
-        cases: 256,
-        rng_seed: RngSeed::Fixed(0x6b76_636f_7265),
-        ..Config::default()
-    }
-}
-
-/// Text built from pieces that stress the tokenizer: special tokens and parts of them,
-/// whitespace runs, digits, contractions, words in several scripts, and arbitrary chars.
-fn tricky_text() -> impl Strategy<Value = String> {
-    let piece = prop_oneof![
-        prop::sample::select(vec![
-            "<|im_start|>",
-            "<|im_end|>",
-            "<|endoftext|>",
-            "<|im",
-            "_end|>",
-            "<",
-            "|>",
-            "<|",
-            "<repo_name>",
-            "'s",
-            "'ll",
-            "'",
-            " ",
-            "  ",
-            "   ",
-            "\n",
-            "\n\n",
-            "\t",
-            " \n ",
-            "\r\n",
-            "\u{a0}",
-            "\u{200b}",
-            "0",
-            "42",
-            "3.14",
-            "1,000",
-            "the",
-            " The",
-            "café",
-            "Straße",
-            "你好",
-            "こんにちは",
-            "Привет",
-            "مرحبا",
-            "🙂",
-            "👍🏽",
-            "e\u{301}",
-        ])
-        .prop_map(str::to_string),
-        "[ \t\n0-9a-zA-Z'.,!?<|>_-]{1,12}",
-        any::<char>().prop_map(String::from),
-    ];
-    prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
-}
-
-/// Any string: arbitrary unicode or the tricky pieces above.
+/// Any string, or text built from pieces that stress the tokenizer: special tokens and
+/// parts of them, whitespace runs, digits, contractions, words in several scripts.
 fn any_text() -> impl Strategy<Value = String> {
-    prop_oneof![any::<String>(), tricky_text()]
+    common::tokenizer_text(vec![
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|im",
+        "_end|>",
+        "|>",
+        "<|",
+        "<repo_name>",
+        "'s",
+        "'ll",
+        "'",
+        "1,000",
+        "こんにちは",
+    ])
 }
 
 /// Any string, keeping only the characters whose bytes all have tokens.
@@ -146,29 +87,18 @@ fn a_character_with_an_untokenized_lead_byte_loses_that_byte() {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(common::tokenizer_proptest_config(0x6b76_636f_7265))]
 
     #[test]
     fn decode_inverts_encode(s in spellable_text()) {
-        let t = tokenizer();
-        for special in [Special::Parse, Special::Literal] {
-            let ids = t.encode(&s, special);
-            prop_assert!(ids.iter().all(|&id| (id as usize) < t.vocab_size()));
-            prop_assert_eq!(t.decode(&ids).unwrap(), s.clone());
-        }
+        common::check_decode_inverts_encode(tokenizer(), &s, &s)?;
     }
 
     /// User text never becomes a control token, whatever special-token texts it holds
     /// (the strategy splices them in); parsed, the same text does.
     #[test]
     fn literal_text_has_no_control_ids(s in spellable_text()) {
-        let t = tokenizer();
-        let ids = t.encode(&s, Special::Literal);
-        prop_assert!(ids.iter().all(|&id| !t.is_control(id)), "{:?} -> {:?}", s, ids);
-        let parsed = t.encode(&s, Special::Parse);
-        if !parsed.iter().any(|&id| t.is_control(id)) {
-            prop_assert_eq!(parsed, ids, "without control texts both modes agree");
-        }
+        common::check_literal_has_no_control_ids(tokenizer(), &s)?;
     }
 
     #[test]
@@ -181,16 +111,7 @@ proptest! {
 
     #[test]
     fn streaming_decode_concatenates_to_the_text(s in spellable_text()) {
-        let t = tokenizer();
-        let ids = t.encode(&s, Special::Parse);
-        let (chunks, tail) = common::stream_chunks(t, &ids);
-        prop_assert_eq!(tail, "", "nothing left over after a whole text");
-        for c in &chunks {
-            // A chunk is a `String`, so valid UTF-8; it must also not hold a replacement
-            // char that the text lacks (a character split across tokens).
-            prop_assert!(!c.contains('\u{fffd}') || s.contains('\u{fffd}'), "chunk {:?}", c);
-        }
-        prop_assert_eq!(chunks.concat(), s);
+        common::check_streaming_decode(tokenizer(), &s, &s)?;
     }
 
     #[test]

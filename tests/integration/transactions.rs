@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use kvcore::gguf::GgufFile;
-use kvcore::kv::{AllocGate, KvRows};
+use kvcore::kv::AllocGate;
 use kvcore::model::{Llama, Logits, ModelError};
 use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore, Session};
 use kvcore_scalar::Scalar;
@@ -19,6 +19,7 @@ use kvcore_test_support::faults::{FailingBackend, INJECTED, RefuseNth};
 use kvcore_test_support::tiny::TinyLlama;
 
 use crate::common;
+use crate::common::kv_snapshot as snapshot;
 
 /// Four layers, so a fault can land in the middle of the pass.
 fn tiny() -> TinyLlama {
@@ -42,39 +43,6 @@ fn model<B: Backend>(backend: B) -> Llama<B> {
         ..tiny()
     };
     Llama::load(GgufFile::from_bytes(spec.to_gguf()).unwrap(), backend).unwrap()
-}
-
-/// What a store looks like from outside: sizes and every readable bit.
-#[derive(Debug, PartialEq, Eq)]
-struct Snapshot {
-    len: usize,
-    capacity: usize,
-    bytes: usize,
-    rows: Vec<(Vec<usize>, Vec<u32>, Vec<u32>)>,
-}
-
-fn snapshot<K: KvStore + ?Sized>(kv: &K) -> Snapshot {
-    let rows = (0..kv.geometry().n_layers)
-        .map(|layer| {
-            let view = kv.view(layer).unwrap();
-            let bits = |r: KvRows<'_>| match r {
-                KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
-                other => panic!("f32 rows expected, got {:?}", other.kv_type()),
-            };
-            let (mut k, mut v) = (Vec::new(), Vec::new());
-            for s in view.segments() {
-                k.extend(bits(s.keys()));
-                v.extend(bits(s.values()));
-            }
-            (view.positions().collect(), k, v)
-        })
-        .collect();
-    Snapshot {
-        len: kv.len(),
-        capacity: kv.capacity(),
-        bytes: kv.bytes(),
-        rows,
-    }
 }
 
 fn bits(a: &kvcore::ndarray::Array2<f32>) -> Vec<u32> {

@@ -78,7 +78,7 @@ fn attend<B: Backend>(
 
 /// Runs `steps` on a dense and a window store (layer 0 a window of `window`, layer 1
 /// global), comparing each append's attention on every backend before its commit.
-fn compare(window: usize, steps: &[Step], seed: u64, backends: &[&dyn DynBackend]) {
+fn compare(window: usize, steps: &[Step], seed: u64, backends: &[&dyn Backend]) {
     let g = KvGeometry {
         n_layers: 2,
         n_kv_heads: N_KV_HEADS,
@@ -117,8 +117,8 @@ fn compare(window: usize, steps: &[Step], seed: u64, backends: &[&dyn DynBackend
         let masks = [Mask::SlidingWindow { window }, Mask::Causal];
         for (layer, mask) in masks.into_iter().enumerate() {
             for b in backends {
-                let want = b.attend(&dense, layer, &q, &q_pos, mask);
-                let got = b.attend(&win, layer, &q, &q_pos, mask);
+                let want = attend(b, &dense, layer, &q, &q_pos, mask);
+                let got = attend(b, &win, layer, &q, &q_pos, mask);
                 assert!(
                     got == want,
                     "{}: layer {layer} ({mask:?}) of an append of {n} at {at} differs",
@@ -133,35 +133,6 @@ fn compare(window: usize, steps: &[Step], seed: u64, backends: &[&dyn DynBackend
     }
 }
 
-/// A backend behind a trait object, for a list of them.
-trait DynBackend {
-    fn name(&self) -> String;
-    fn attend(
-        &self,
-        kv: &dyn KvStore,
-        layer: usize,
-        q: &Array3<f32>,
-        q_pos: &[usize],
-        mask: Mask,
-    ) -> Vec<u32>;
-}
-
-impl<B: Backend> DynBackend for B {
-    fn name(&self) -> String {
-        Backend::name(self).to_string()
-    }
-    fn attend(
-        &self,
-        kv: &dyn KvStore,
-        layer: usize,
-        q: &Array3<f32>,
-        q_pos: &[usize],
-        mask: Mask,
-    ) -> Vec<u32> {
-        attend(self, kv, layer, q, q_pos, mask)
-    }
-}
-
 fn backends() -> (Scalar, Simd, Rayon<Scalar>) {
     (
         Scalar::new(),
@@ -173,7 +144,7 @@ fn backends() -> (Scalar, Simd, Rayon<Scalar>) {
 #[test]
 fn a_long_prefill_then_decode_after_eviction_matches_the_dense_store() {
     let (scalar, simd, rayon) = backends();
-    let all: [&dyn DynBackend; 3] = [&scalar, &simd, &rayon];
+    let all: [&dyn Backend; 3] = [&scalar, &simd, &rayon];
     // A prefill of 3 windows (its early queries see their own window of the same pass),
     // decode steps that wrap the ring, a replaced last position, a refused rewind behind
     // the window, and a second long prefill.

@@ -63,8 +63,8 @@ mod split;
 pub use error::RayonError;
 
 use kvcore::backend::{
-    AttnJob, AttnParams, Backend, PartStat, Q8Acts, Q8Layout, Rope, ShapeError, Weights, check,
-    finish_part, merge_part,
+    AttnJob, AttnParams, Backend, PartStat, Q8Acts, Rope, ShapeError, Weights, check, finish_part,
+    merge_part,
 };
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Slice};
@@ -265,9 +265,12 @@ impl<B: Backend> Backend for Rayon<B> {
         "rayon"
     }
 
-    fn kernel_path(&self) -> &'static str {
-        self.inner.kernel_path()
-    }
+    // What the inner backend's kernels decide alone: the kernel path, quantising one
+    // token's activations, whether rows stand alone, and the attention parts (which
+    // `attention` itself spreads over the threads).
+    kvcore::forward_backend!(|r| &r.inner;
+        kernel_path, quantize_q8, gemm_rows_alone_from, attention_part_len, attention_part,
+        softmax);
 
     fn threads(&self) -> usize {
         self.threads
@@ -334,10 +337,6 @@ impl<B: Backend> Backend for Rayon<B> {
         self.split_rows(w, y, |w, y| self.inner.gemv(w, x, y))
     }
 
-    fn quantize_q8(&self, layout: Q8Layout, x: &[f32], out: &mut Q8Acts) -> Result<(), ShapeError> {
-        self.inner.quantize_q8(layout, x, out)
-    }
-
     fn gemv_q8(&self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) -> Result<(), ShapeError> {
         check::gemv_q8(w, x, y)?;
         self.split_rows(w, y, |w, y| self.inner.gemv_q8(w, x, y))
@@ -364,10 +363,6 @@ impl<B: Backend> Backend for Rayon<B> {
             });
         }
         self.split_columns(w, n, y, |w, part| self.inner.gemm(w, x, part))
-    }
-
-    fn gemm_rows_alone_from(&self) -> Option<usize> {
-        self.inner.gemm_rows_alone_from()
     }
 
     fn rope(
@@ -453,22 +448,6 @@ impl<B: Backend> Backend for Rayon<B> {
         })
     }
 
-    fn attention_part_len(&self) -> Option<usize> {
-        self.inner.attention_part_len()
-    }
-
-    fn attention_part(
-        &self,
-        q: ArrayView3<'_, f32>,
-        q_pos: &[usize],
-        kv: &KvView<'_>,
-        params: &AttnParams,
-        out: ArrayViewMut3<'_, f32>,
-        stats: &mut [PartStat],
-    ) -> Result<(), ShapeError> {
-        self.inner.attention_part(q, q_pos, kv, params, out, stats)
-    }
-
     fn rms_norm(
         &self,
         x: &[f32],
@@ -530,10 +509,6 @@ impl<B: Backend> Backend for Rayon<B> {
                 .zip(x.par_chunks(c))
                 .try_for_each(|(a, b)| self.inner.add(a, b))
         })
-    }
-
-    fn softmax(&self, x: &mut [f32]) {
-        self.inner.softmax(x);
     }
 
     fn embed_row(

@@ -21,6 +21,17 @@ def simd_model() -> kvcore.Model:
     return kvcore.Model("smollm2", backend="simd")
 
 
+def generate_long(model: kvcore.Model, session: kvcore.Session) -> str:
+    """TOKENS greedy tokens of a story, never stopping early, in ``session``."""
+    return model.generate(
+        "Once upon a time",
+        max_tokens=TOKENS,
+        temperature=0,
+        logit_bias=NO_STOP,
+        session=session,
+    )
+
+
 def test_generations_in_two_threads_overlap(simd_model):
     assert simd_model.backend == "simd" and simd_model.threads == 1
     barrier = threading.Barrier(2)
@@ -32,13 +43,7 @@ def test_generations_in_two_threads_overlap(simd_model):
             session = kvcore.Session(simd_model)
             barrier.wait()
             start = time.perf_counter()
-            simd_model.generate(
-                "Once upon a time",
-                max_tokens=TOKENS,
-                temperature=0,
-                logit_bias=NO_STOP,
-                session=session,
-            )
+            generate_long(simd_model, session)
             results[i] = (start, time.perf_counter(), session.last_stats)
         except BaseException as e:  # surfaced below
             errors.append(e)
@@ -71,15 +76,7 @@ def test_concurrent_use_of_one_session_is_refused(simd_model):
 
     def generate() -> None:
         started.set()
-        outcome.append(
-            simd_model.generate(
-                "Once upon a time",
-                max_tokens=TOKENS,
-                temperature=0,
-                logit_bias=NO_STOP,
-                session=session,
-            )
-        )
+        outcome.append(generate_long(simd_model, session))
 
     t = threading.Thread(target=generate)
     t.start()

@@ -144,6 +144,15 @@ impl Server {
         }
     }
 
+    /// Polls for up to 10 s until no sequence runs and no KV block is in use (what a
+    /// finished or cancelled request leaves, the prefix cache aside); whether it came.
+    pub fn wait_freed(&self) -> bool {
+        self.wait_metrics(Duration::from_secs(10), |m| {
+            metric(m, "kvcore_running_sequences") == 0.0
+                && metric(m, "kvcore_kv_pool_blocks_in_use") == 0.0
+        })
+    }
+
     /// Resident set size now and at its peak, bytes (Linux `/proc`).
     pub fn rss(&self) -> (u64, u64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))

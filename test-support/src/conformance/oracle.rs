@@ -292,35 +292,33 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<Bounded> {
 
 /// `silu(gate) ⊙ up`.
 pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<Bounded> {
+    gated(gate, up, |g, u| {
+        let value = g / (1.0 + (-g).exp()) * u;
+        Bounded {
+            value,
+            bound: (EXP_ULPS + 6.0) * U * value.abs() + 1e-30 * u.abs() + 4.0 * TINY,
+        }
+    })
+}
+
+/// `f(gate[i], up[i])` for each element, in f64.
+fn gated(gate: &[f32], up: &[f32], f: impl Fn(f64, f64) -> Bounded) -> Vec<Bounded> {
     gate.iter()
         .zip(up)
-        .map(|(&g, &u)| {
-            let (g, u) = (f64::from(g), f64::from(u));
-            let value = g / (1.0 + (-g).exp()) * u;
-            Bounded {
-                value,
-                bound: (EXP_ULPS + 6.0) * U * value.abs() + 1e-30 * u.abs() + 4.0 * TINY,
-            }
-        })
+        .map(|(&g, &u)| f(f64::from(g), f64::from(u)))
         .collect()
 }
 
 /// `gelu_tanh(gate) ⊙ up`.
 pub fn geglu(gate: &[f32], up: &[f32]) -> Vec<Bounded> {
-    gate.iter()
-        .zip(up)
-        .map(|(&g, &u)| {
-            let (g, u) = (f64::from(g), f64::from(u));
-            let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
-            let value = 0.5 * g * (1.0 + z.tanh()) * u;
-            Bounded {
-                value,
-                bound: 3.0 * U * value.abs()
-                    + (EXP_ULPS + 5.0) * U * 0.5 * (g * u).abs()
-                    + 4.0 * TINY,
-            }
-        })
-        .collect()
+    gated(gate, up, |g, u| {
+        let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+        let value = 0.5 * g * (1.0 + z.tanh()) * u;
+        Bounded {
+            value,
+            bound: 3.0 * U * value.abs() + (EXP_ULPS + 5.0) * U * 0.5 * (g * u).abs() + 4.0 * TINY,
+        }
+    })
 }
 
 /// `acc + x`.

@@ -191,18 +191,16 @@ pub fn check<B: Backend>(b: &B) {
         }) => assert_eq!((e, a), (expected, actual)),
         other => panic!("expected a length error, got {other:?}"),
     };
-    let mut out = f(5);
-    length_mismatch(b.swiglu(&f(5), &f(4), &mut out), 5, 4);
-    untouched(&out);
-    let mut out = f(4);
-    length_mismatch(b.swiglu(&f(5), &f(5), &mut out), 5, 4);
-    untouched(&out);
-    let mut out = f(5);
-    length_mismatch(b.geglu(&f(5), &f(4), &mut out), 5, 4);
-    untouched(&out);
-    let mut out = f(4);
-    length_mismatch(b.geglu(&f(5), &f(5), &mut out), 5, 4);
-    untouched(&out);
+    type Gated<'a> = &'a dyn Fn(&[f32], &[f32], &mut [f32]) -> Result<(), ShapeError>;
+    let gated: [Gated<'_>; 2] = [&|g, u, o| b.swiglu(g, u, o), &|g, u, o| b.geglu(g, u, o)];
+    for op in gated {
+        // A short `up`, then a short `out`.
+        for (up, out) in [(4, 5), (5, 4)] {
+            let mut out = f(out);
+            length_mismatch(op(&f(5), &f(up), &mut out), 5, 4);
+            untouched(&out);
+        }
+    }
     let mut acc = f(5);
     length_mismatch(b.add(&mut acc, &f(6)), 5, 6);
     untouched(&acc);

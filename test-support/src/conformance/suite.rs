@@ -233,8 +233,8 @@ macro_rules! conformance_suite {
             use $crate::conformance::inputs::{Matrix, Rng};
             use $crate::conformance::oracle::bits;
             use $crate::conformance::strategy::{
-                config, dim, dim1, dtype_cols, head_dim, head_dim_even, position, rope_base,
-                rope_style,
+                config, dim, dim1, dtype_cols, head_dim, head_dim_even, kv_attention, position,
+                q8_dtype, rope_base, rope_style,
             };
             use $crate::conformance::suite::{
                 SharedBackend, conforms, exact, gemm_q8_rows_match_gemv_q8, gemm_rows_match_gemv,
@@ -278,9 +278,7 @@ macro_rules! conformance_suite {
 
                 #[test]
                 fn gemv_q8(
-                    dtype in prop::sample::select(vec![
-                        DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K,
-                    ]),
+                    dtype in q8_dtype(),
                     blocks in 0usize..20, rows in dim(), seed in any::<u64>()
                 ) {
                     // 0..640 columns, rounded up to whole blocks of the format.
@@ -290,9 +288,7 @@ macro_rules! conformance_suite {
 
                 #[test]
                 fn gemm_q8(
-                    dtype in prop::sample::select(vec![
-                        DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K,
-                    ]),
+                    dtype in q8_dtype(),
                     blocks in 0usize..12, rows in 0usize..140, n in 0usize..10, seed in any::<u64>()
                 ) {
                     let cols = (blocks * 32).div_ceil(dtype.block_len()) * dtype.block_len();
@@ -341,22 +337,14 @@ macro_rules! conformance_suite {
                 /// values, at SmolLM2's and Gemma 3's head sizes.
                 #[test]
                 fn attention_kv_types(
-                    head_dim in prop::sample::select(vec![32usize, 64, 256]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 0usize..90,
                     // Up to 27 query vectors: `Simd`'s tiles of 24 and its weighted sums
                     // of more than 8 outputs (passes over rows converted once).
-                    n_new in prop_oneof![1usize..4, 8usize..10],
-                    cuts in prop::collection::vec(0usize..96, 0..3),
-                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..40), seed in any::<u64>()
+                    case in kv_attention(
+                        vec![32, 64, 256], 1..3, 0..90, prop_oneof![1usize..4, 8usize..10], 1,
+                        1..40, false,
+                    )
                 ) {
-                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let case = Attention::new(shape, n_new, 1, seed)
-                        .with_cuts(&cuts)
-                        .with_kv_types((k, v))
-                        .with_window(window);
-                    conforms(b(), &case)?;
+                    conforms(b(), &case.case())?;
                 }
 
                 /// Deep caches, where attention runs in parts of the keys (`Simd` folds
@@ -365,24 +353,12 @@ macro_rules! conformance_suite {
                 /// rows than one of `Simd`'s tiles (which stages a part's rows as f32).
                 #[test]
                 fn attention_at_depth(
-                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 200usize..1100,
-                    n_new in prop_oneof![1usize..4, 9usize..12, 25usize..30],
-                    cuts in prop::collection::vec(0usize..1200, 0..3),
-                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..700), seed in any::<u64>(),
-                    offsets in any::<bool>()
+                    case in kv_attention(
+                        vec![32, 64], 1..3, 200..1100,
+                        prop_oneof![1usize..4, 9usize..12, 25usize..30], 1, 1..700, true,
+                    )
                 ) {
-                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
-                        .with_cuts(&cuts)
-                        .with_kv_types((k, v))
-                        .with_window(window);
-                    if offsets {
-                        case = case.with_key_offsets(!seed);
-                    }
-                    conforms(b(), &case)?;
+                    conforms(b(), &case.case())?;
                 }
 
                 /// How many query rows a call holds never changes the bits: a prefill
@@ -391,22 +367,9 @@ macro_rules! conformance_suite {
                 /// every KV type, at depth, cut into segments, causal or windowed.
                 #[test]
                 fn attention_rows_do_not_change_bits(
-                    head_dim in prop::sample::select(vec![32usize, 64]), n_kv in 1usize..3,
-                    group in 1usize..4, pos0 in 0usize..700, n_new in 9usize..40,
-                    cuts in prop::collection::vec(0usize..700, 0..3),
-                    k in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    v in prop::sample::select(kvcore::KvType::ALL.to_vec()),
-                    window in prop::option::of(1usize..400), seed in any::<u64>(),
-                    offsets in any::<bool>()
+                    case in kv_attention(vec![32, 64], 1..3, 0..700, 9usize..40, 1, 1..400, true)
                 ) {
-                    let shape = AttnShape { n_heads: n_kv * group, n_kv_heads: n_kv, head_dim, pos0 };
-                    let mut case = Attention::new(shape, n_new, 1, seed)
-                        .with_cuts(&cuts)
-                        .with_kv_types((k, v))
-                        .with_window(window);
-                    if offsets {
-                        case = case.with_key_offsets(!seed);
-                    }
+                    let case = case.case();
                     prop_assert_eq!(bits(&case.run(b())), bits(&case.run_by_rows(b())), "{}", case.label());
                 }
 
@@ -465,70 +428,36 @@ macro_rules! conformance_suite {
                 }
             }
 
-            #[test]
-            fn model_matmul_f32() {
-                model::matmul_conforms(b(), DType::F32);
-            }
-
-            #[test]
-            fn model_matmul_f16() {
-                model::matmul_conforms(b(), DType::F16);
-            }
-
-            #[test]
-            fn model_matmul_bf16() {
-                model::matmul_conforms(b(), DType::BF16);
-            }
-
-            #[test]
-            fn model_matmul_q8_0() {
-                model::matmul_conforms(b(), DType::Q8_0);
-            }
-
-            #[test]
-            fn model_matmul_q4_0() {
-                model::matmul_conforms(b(), DType::Q4_0);
-            }
-
-            #[test]
-            fn model_matmul_q4_1() {
-                model::matmul_conforms(b(), DType::Q4_1);
-            }
-
-            #[test]
-            fn model_matmul_gemma3() {
-                model::gemma3_matmuls_conform(b());
-            }
-
-            #[test]
-            fn model_matmul_gemma3_q8() {
-                model::gemma3_matmuls_q8_conform(b());
-            }
-
-            #[test]
-            fn model_output_gemv_49152x576() {
-                model::output_gemv_conforms(b());
-            }
-
-            #[test]
-            fn model_attention_and_elementwise() {
-                model::ops_conform(b());
-            }
-
-            #[test]
-            fn smollm2_rows_quantized_vs_f32() {
-                suite::smollm2_rows_match_f32(b());
-            }
-
-            #[test]
-            fn gemma3_rows_quantized_vs_f32() {
-                suite::gemma3_rows_match_f32(b());
-            }
-
-            #[test]
-            fn shape_errors() {
-                errors::check(b());
+            $crate::__conformance_tests! {
+                model_matmul_f32 => model::matmul_conforms(b(), DType::F32);
+                model_matmul_f16 => model::matmul_conforms(b(), DType::F16);
+                model_matmul_bf16 => model::matmul_conforms(b(), DType::BF16);
+                model_matmul_q8_0 => model::matmul_conforms(b(), DType::Q8_0);
+                model_matmul_q4_0 => model::matmul_conforms(b(), DType::Q4_0);
+                model_matmul_q4_1 => model::matmul_conforms(b(), DType::Q4_1);
+                model_matmul_gemma3 => model::gemma3_matmuls_conform(b());
+                model_matmul_gemma3_q8 => model::gemma3_matmuls_q8_conform(b());
+                model_output_gemv_49152x576 => model::output_gemv_conforms(b());
+                model_attention_and_elementwise => model::ops_conform(b());
+                smollm2_rows_quantized_vs_f32 => suite::smollm2_rows_match_f32(b());
+                gemma3_rows_quantized_vs_f32 => suite::gemma3_rows_match_f32(b());
+                shape_errors => errors::check(b());
             }
         }
+    };
+}
+
+/// One `#[test]` function a row, `name => check;`, running the check: the tests of
+/// [`conformance_suite!`] on fixed inputs.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($($name:ident => $check:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $check;
+            }
+        )*
     };
 }

@@ -8,6 +8,7 @@
 See ``docs/python.md`` in the kvcore repository for the whole API.
 """
 
+from . import _errors
 from ._errors import (
     ContextOverflowError,
     FetchError,
@@ -38,14 +39,5 @@ __all__ = [
     "GenerationStats",
     "cores",
     "__version__",
-    "KvcoreError",
-    "InvalidArgumentError",
-    "IoError",
-    "ModelFileError",
-    "ContextOverflowError",
-    "SessionFileError",
-    "KvCacheError",
-    "TokenizerError",
-    "FetchError",
-    "SessionBusyError",
 ]
+__all__ += _errors.__all__

@@ -86,17 +86,6 @@ class SessionBusyError(KvcoreError, RuntimeError):
 
 
 # Shown and pickled as kvcore.<Name>, where the package exports them.
-for _cls in (
-    KvcoreError,
-    InvalidArgumentError,
-    IoError,
-    ModelFileError,
-    ContextOverflowError,
-    SessionFileError,
-    KvCacheError,
-    TokenizerError,
-    FetchError,
-    SessionBusyError,
-):
-    _cls.__module__ = "kvcore"
-del _cls
+for _name in __all__:
+    globals()[_name].__module__ = "kvcore"
+del _name
