@@ -1,6 +1,7 @@
 //! x86_64 kernels: AVX2 + FMA, with F16C for `F16` weights.
 //!
-//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `dot.rs`: the f32 lanes of `crate::lanes`'s loops, the loads, stores and horizontal
+//!   sum the other kernels share, and the few-token GEMM on f32 rows;
 //! - `quant.rs`: the GEMV and decoder of every weight format, working on the packed
 //!   bytes directly (`kquant.rs`: those of `Q5_0`, `Q4_K` and `Q6_K`);
 //! - `attn.rs`: attention's scores and weighted sums over KV rows in their stored types,
@@ -25,7 +26,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::{HeadRows, Kernel};
-use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
 
 pub(crate) use avx512::Avx512;
 
@@ -94,17 +95,6 @@ impl Kernel for Avx2 {
         unsafe { quant::dequantize(dtype, bytes, out) }
     }
 
-    fn scores<'a>(
-        self,
-        q: &[f32],
-        keys: impl Iterator<Item = &'a [f32]>,
-        scale: f32,
-        scores: &mut [f32],
-    ) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::scores(q, keys, scale, scores) }
-    }
-
     fn gemm_rows(self, w: &[f32], x: &[f32], cols: usize, y: &mut [f32], stride: usize) {
         // SAFETY: features detected (see above).
         unsafe { dot::gemm_rows(w, x, cols, y, stride) }
@@ -120,11 +110,6 @@ impl Kernel for Avx2 {
         unsafe { dot::prefetch_l2(bytes) }
     }
 
-    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::weighted_sum(p, values, out) }
-    }
-
     fn scores_rows(
         self,
         qs: &[f32],
@@ -134,12 +119,12 @@ impl Kernel for Avx2 {
         stride: usize,
     ) {
         // SAFETY: features detected (see above).
-        unsafe { attn::scores(qs, keys, scale, out, stride, self.avx512) }
+        unsafe { attn::scores(self, keys, qs, scale, out, stride) }
     }
 
     fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
         // SAFETY: features detected (see above).
-        unsafe { attn::weighted(p, stride, values, outs, self.avx512) }
+        unsafe { attn::weighted(self, p, stride, values, outs) }
     }
 
     fn decode_rows(self, rows: HeadRows<'_>, out: &mut [f32]) {
@@ -150,40 +135,5 @@ impl Kernel for Avx2 {
     fn unrotate(self, o: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { attn::unrotate(o) }
-    }
-
-    fn exp_sum(self, x: &mut [f32]) -> PartStat {
-        // SAFETY: features detected (see above).
-        unsafe { dot::exp_sum(x) }
-    }
-
-    fn softmax(self, x: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::softmax(x) }
-    }
-
-    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::swiglu(gate, up, out) }
-    }
-
-    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::geglu(gate, up, out) }
-    }
-
-    fn sum_squares(self, x: &[f32]) -> f32 {
-        // SAFETY: features detected (see above).
-        unsafe { dot::dot(x, x) }
-    }
-
-    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::scale_mul(x, r, w, out) }
-    }
-
-    fn add(self, acc: &mut [f32], x: &[f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::add(acc, x) }
     }
 }
