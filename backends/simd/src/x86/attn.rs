@@ -12,17 +12,16 @@
 //! Numerics, per query vector and per output, whatever the number of vectors in the call:
 //! - a score, for heads of 32, 64, 128 or 256 values ([`scores_by_8`]), is one 8-lane FMA
 //!   chain over the row's 8-value chunks, its lanes summed as `((x₀+x₁)+(x₂+x₃)) +
-//!   ((x₄+x₅)+(x₆+x₇))`, then `scale ·`; for other heads ([`scores_one`]) `lanes::dot`'s
+//!   ((x₄+x₅)+(x₆+x₇))`, then `scale ·`; for other heads ([`scores_one`]) `dot::dot`'s
 //!   order (four accumulators over 32-value chunks, one over the rest, the horizontal
 //!   sum, an unfused scalar tail);
-//! - an output element is `lanes::weighted_sum`'s chain `o ← fma(p_t, v_tj, o)` in `t`
+//! - an output element is `dot::weighted_sum`'s chain `o ← fma(p_t, v_tj, o)` in `t`
 //!   order (the `head_dim mod 8` tail `o + p_t·v_tj` unfused). Up to [`MAX_VECS`] outputs
 //!   share a pass over the value rows, so their accumulators stay in the 16 ymm registers.
 
-use super::Avx2;
+use super::Avx512;
 use super::dot::{hsum, load, store};
 use crate::kernel::HeadRows;
-use crate::lanes::F32Lanes;
 use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
 use kvcore::ndarray::ArrayView2;
 use std::arch::x86_64::*;
@@ -37,20 +36,8 @@ pub(super) const MAX_VECS: usize = 8;
 /// `load8(t, j)` and `load32(t, j)` require `t < rows()` and `j + 8 ≤ head_dim()` (resp.
 /// `j + 32`), `j` a multiple of 8 (of 32 for `load32`), and a CPU with AVX2, FMA and F16C.
 trait Rows: Copy {
-    /// What a row holds: `f32`, `f16`, `bf16` or `q8_0` blocks.
-    type Unit;
-    /// Values per unit (32 for a `q8_0` block).
-    const VALUES: usize = 1;
-    /// The rows in their raw form.
-    fn raw(&self) -> Raw<'_, Self::Unit>;
-    /// Rows held.
-    fn rows(&self) -> usize {
-        self.raw().rows
-    }
-    /// Values per row.
-    fn head_dim(&self) -> usize {
-        self.raw().units * Self::VALUES
-    }
+    fn rows(&self) -> usize;
+    fn head_dim(&self) -> usize;
     /// Values `j .. j + 8` of row `t` as f32.
     unsafe fn load8(&self, t: usize, j: usize) -> __m256;
     /// Values `j .. j + 32` of row `t` as f32.
@@ -69,10 +56,7 @@ trait Rows: Copy {
     /// Value `j` of row `t` as f32 (bounds-checked).
     fn get(&self, t: usize, j: usize) -> f32;
     /// Prefetches row `t` (if it exists) into L1.
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.raw().prefetch(t);
-    }
+    fn prefetch(&self, t: usize);
 }
 
 /// A row-strided run of `rows` rows of `units` `T`s: the raw form of an `ArrayView2`
@@ -147,9 +131,15 @@ struct Bf16Rows<'a>(Raw<'a, half::bf16>);
 struct Q8Rows<'a>(Raw<'a, BlockQ8_0>);
 
 impl Rows for F32Rows<'_> {
-    type Unit = f32;
-    fn raw(&self) -> Raw<'_, f32> {
-        self.0
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
     }
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
@@ -163,9 +153,15 @@ impl Rows for F32Rows<'_> {
 }
 
 impl Rows for F16Rows<'_> {
-    type Unit = half::f16;
-    fn raw(&self) -> Raw<'_, half::f16> {
-        self.0
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
     }
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
@@ -179,9 +175,15 @@ impl Rows for F16Rows<'_> {
 }
 
 impl Rows for Bf16Rows<'_> {
-    type Unit = half::bf16;
-    fn raw(&self) -> Raw<'_, half::bf16> {
-        self.0
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units
     }
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
@@ -216,10 +218,15 @@ impl Q8Rows<'_> {
 }
 
 impl Rows for Q8Rows<'_> {
-    type Unit = BlockQ8_0;
-    const VALUES: usize = Q8_0_BLOCK;
-    fn raw(&self) -> Raw<'_, BlockQ8_0> {
-        self.0
+    fn rows(&self) -> usize {
+        self.0.rows
+    }
+    #[inline(always)]
+    fn prefetch(&self, t: usize) {
+        self.0.prefetch(t);
+    }
+    fn head_dim(&self) -> usize {
+        self.0.units * Q8_0_BLOCK
     }
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
@@ -255,7 +262,7 @@ impl Rows for Q8Rows<'_> {
 }
 
 /// `out[t] ← scale · q·k_t` for one query `q: [head_dim]`, row by row: the fallback for
-/// head sizes [`scores_by_8`] does not take, in `lanes::dot`'s order.
+/// head sizes [`scores_by_8`] does not take, in `dot::dot`'s order.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scores_one<R: Rows>(q: &[f32], rows: R, scale: f32, out: &mut [f32]) {
     let (n, hd) = (rows.rows(), rows.head_dim());
@@ -289,194 +296,61 @@ fn scores_one<R: Rows>(q: &[f32], rows: R, scale: f32, out: &mut [f32]) {
     }
 }
 
-/// One register width of the attention kernels, on its token: AVX2's 8 lanes ([`Avx2`])
-/// or AVX-512F's 16 ([`Avx512`](super::Avx512), each 256-bit half running the 8-lane kernel's lanes), for
-/// rows of type `R`. The loops over it ([`scores_by_8`], [`weighted_n`]) are written
-/// once; each width instantiates them inside its own `#[target_feature]` function.
-///
-/// The methods are safe because the token proves the CPU's features; the row loads keep
-/// the bounds contract of [`Rows`].
-trait Width<R: Rows>: Copy {
-    /// A register of [`Width::N`] f32.
-    type V: Copy;
-    /// Lanes per register: 8 or 16.
-    const N: usize;
-    /// All lanes `0.0`.
-    fn zero(self) -> Self::V;
-    /// All lanes `x`.
-    fn splat(self, x: f32) -> Self::V;
-    /// `s[0..N]` (checked).
-    fn load(self, s: &[f32]) -> Self::V;
-    /// `s[0..N] ← v` (checked).
-    fn store(self, s: &mut [f32], v: Self::V);
-    /// `a·b + c`, one rounding.
-    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `q[0..8]` in every 8-lane half.
-    fn q8(self, q: &[f32]) -> Self::V;
-    /// Values `j .. j + 32` of the key rows a register holds, 8 per half: row `t` in the
-    /// low (or only) half, row `u` in the high one.
-    ///
-    /// # Safety
-    /// `t, u < rows()`, `j + 32 ≤ head_dim()`, `j` a multiple of 32.
-    unsafe fn rows32(self, rows: &R, t: usize, u: usize, j: usize) -> [Self::V; 4];
-    /// Values `c0 .. c0 + N·C` of row `t`, `N` per register.
-    ///
-    /// # Safety
-    /// `t < rows()`, `c0 + N·C ≤ head_dim()`, `c0` a multiple of `N`.
-    unsafe fn cols<const C: usize>(self, rows: &R, t: usize, c0: usize) -> [Self::V; C];
-    /// The first `m ≤ 8` of `scale · Σ lanes` of the 8 key rows' chains (`acc`, one row
-    /// per 8-lane half, the halves of register `i` rows `i` and `i + REGS`) to `dst`, the
-    /// lanes of each summed by [`lane_sums`].
-    fn finish<const REGS: usize>(
-        self,
-        acc: &[Self::V; REGS],
-        scale: f32,
-        dst: &mut [f32],
-        m: usize,
-    );
-    /// The AVX2 token (every width's CPU runs the AVX2 kernels).
-    fn ymm(self) -> Avx2;
-}
-
-// SAFETY (every `unsafe` block in this impl but the row loads'): the intrinsics need
-// AVX2, FMA and F16C, which an `Avx2` proves.
-impl<R: Rows> Width<R> for Avx2 {
-    type V = __m256;
-    const N: usize = 8;
-    #[inline(always)]
-    fn zero(self) -> __m256 {
-        F32Lanes::zero(self)
-    }
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m256 {
-        F32Lanes::splat(self, x)
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> __m256 {
-        F32Lanes::load(self, s)
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: __m256) {
-        F32Lanes::store(self, s, v)
-    }
-    #[inline(always)]
-    fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
-        F32Lanes::mul_add(self, c, a, b)
-    }
-    #[inline(always)]
-    fn q8(self, q: &[f32]) -> __m256 {
-        F32Lanes::load(self, q)
-    }
-    #[inline(always)]
-    unsafe fn rows32(self, rows: &R, t: usize, _u: usize, j: usize) -> [__m256; 4] {
-        // SAFETY: the caller's contract is `load32`'s; features detected.
-        unsafe { rows.load32(t, j) }
-    }
-    #[inline(always)]
-    unsafe fn cols<const C: usize>(self, rows: &R, t: usize, c0: usize) -> [__m256; C] {
-        let mut x = [<Self as Width<R>>::zero(self); C];
-        if C == 4 && c0.is_multiple_of(32) {
-            // SAFETY: `t < rows`, `c0 + 32 ≤ hd` (the caller's contract), `c0` a multiple
-            // of 32; the same values as four `load8`.
-            x.copy_from_slice(&unsafe { rows.load32(t, c0) });
-        } else {
-            for (c, xc) in x.iter_mut().enumerate() {
-                // SAFETY: `t < rows`, `c0 + 8c + 8 ≤ hd` (the caller's contract), a
-                // multiple of 8.
-                *xc = unsafe { rows.load8(t, c0 + 8 * c) };
-            }
-        }
-        x
-    }
-    #[inline(always)]
-    fn finish<const REGS: usize>(
-        self,
-        acc: &[__m256; REGS],
-        scale: f32,
-        dst: &mut [f32],
-        m: usize,
-    ) {
-        let mut lanes = [<Self as Width<R>>::zero(self); 8];
-        lanes.copy_from_slice(acc);
-        // SAFETY: features detected (see above).
-        unsafe {
-            put(
-                dst,
-                m,
-                _mm256_mul_ps(_mm256_set1_ps(scale), lane_sums(&lanes)),
-            )
-        }
-    }
-    #[inline(always)]
-    fn ymm(self) -> Avx2 {
-        self
-    }
-}
-
-/// The first `m ≤ 8` scores of `s` to `dst` (a whole block in one store: a
-/// `copy_from_slice` of 8 became a `memcpy` call per vector and block, 4 % of a
-/// 4096-token prefill).
+/// Columns `c0 .. c0 + 8·C` of `NV` outputs: `outs[v] += Σ_t p[v·stride + t] · v_t`.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-fn put(dst: &mut [f32], m: usize, s: __m256) {
-    if m == 8 {
-        store(dst, s);
-    } else {
-        let mut part = [0.0f32; 8];
-        store(&mut part, s);
-        dst[..m].copy_from_slice(&part[..m]);
-    }
-}
-
-/// Columns `c0 .. c0 + N·C` of `NV` outputs: `outs[v] += Σ_t p[v·stride + t] · v_t`,
-/// each element the chain `o ← fma(p_t, v_tj, o)` in `t` order.
-#[inline(always)]
-fn weighted_cols<W: Width<R>, R: Rows, const NV: usize, const C: usize>(
-    w: W,
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_cols<R: Rows, const NV: usize, const C: usize>(
     p: &[f32],
     stride: usize,
     rows: R,
     outs: &mut [f32],
     c0: usize,
 ) {
-    let (n, hd) = (rows.rows(), rows.head_dim());
-    assert!(c0 + W::N * C <= hd, "columns");
-    assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
-    let mut acc = [[w.zero(); C]; NV];
+    let hd = rows.head_dim();
+    let mut acc = [[_mm256_setzero_ps(); C]; NV];
     for (v, a) in acc.iter_mut().enumerate() {
         for (c, x) in a.iter_mut().enumerate() {
-            *x = w.load(&outs[v * hd + c0 + W::N * c..]);
+            *x = load(&outs[v * hd + c0 + 8 * c..]);
         }
     }
+    let whole = C == 4 && c0.is_multiple_of(32);
+    let n = rows.rows();
+    assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
     for t in 0..n {
         rows.prefetch(t + 8);
-        // SAFETY: `t < n`, `c0 + N·C ≤ hd` (asserted above), `c0` a multiple of `N` (the
-        // callers' passes).
-        let x = unsafe { w.cols::<C>(&rows, t, c0) };
+        let mut x = [_mm256_setzero_ps(); C];
+        if whole {
+            // SAFETY: `t < rows`, `c0 + 32 ≤ hd` (the caller's loop), `c0` a multiple of
+            // 32; the same values as four `load8`.
+            x.copy_from_slice(&unsafe { rows.load32(t, c0) });
+        } else {
+            for (c, xc) in x.iter_mut().enumerate() {
+                // SAFETY: `t < rows`, `c0 + 8c + 8 ≤ hd` (the caller's loop), a multiple
+                // of 8.
+                *xc = unsafe { rows.load8(t, c0 + 8 * c) };
+            }
+        }
         for (v, a) in acc.iter_mut().enumerate() {
             // SAFETY: `v < NV` and `t < n`, so `v·stride + t < (NV − 1)·stride + n ≤
             // p.len()` (asserted above). Unchecked: the bounds checks of the six weight
             // reads per row took more instructions than the row's twelve FMAs.
-            let pv = w.splat(unsafe { *p.get_unchecked(v * stride + t) });
+            let pv = _mm256_broadcast_ss(unsafe { &*p.as_ptr().add(v * stride + t) });
             for (c, o) in a.iter_mut().enumerate() {
-                *o = w.fma(pv, x[c], *o);
+                *o = _mm256_fmadd_ps(pv, x[c], *o);
             }
         }
     }
     for (v, a) in acc.iter().enumerate() {
         for (c, x) in a.iter().enumerate() {
-            w.store(&mut outs[v * hd + c0 + W::N * c..], *x);
+            store(&mut outs[v * hd + c0 + 8 * c..], *x);
         }
     }
 }
 
-/// `outs[v] += Σ_t p[v·stride + t] · v_t` for `NV` outputs `outs: [NV, head_dim]`: column
-/// passes of `N·C` (so `NV · C` accumulators stay in registers), then of `N`, then of 8
-/// on the AVX2 width, then the unfused tail `o + p_t·v_tj` (each column's chain is the
-/// same whichever pass holds it).
-#[inline(always)]
-fn weighted_n<W: Width<R>, R: Rows, const NV: usize, const C: usize>(
-    w: W,
+/// `outs[v] += Σ_t p[v·stride + t] · v_t` for `NV` outputs `outs: [NV, head_dim]`, in
+/// column passes of `8·C` (so `NV · C` accumulators stay in registers).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_n<R: Rows, const NV: usize, const C: usize>(
     p: &[f32],
     stride: usize,
     rows: R,
@@ -486,16 +360,26 @@ fn weighted_n<W: Width<R>, R: Rows, const NV: usize, const C: usize>(
     assert_eq!(outs.len(), NV * hd, "outputs");
     assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
     let mut c0 = 0;
-    while c0 + W::N * C <= hd {
-        weighted_cols::<W, R, NV, C>(w, p, stride, rows, outs, c0);
-        c0 += W::N * C;
+    while c0 + 8 * C <= hd {
+        weighted_cols::<R, NV, C>(p, stride, rows, outs, c0);
+        c0 += 8 * C;
     }
-    while c0 + W::N <= hd {
-        weighted_cols::<W, R, NV, 1>(w, p, stride, rows, outs, c0);
-        c0 += W::N;
-    }
+    weighted_from::<R, NV>(p, stride, rows, outs, c0);
+}
+
+/// [`weighted_n`]'s columns from `c0` on, 8 at a time, then the unfused tail (each
+/// column's chain is the same whichever pass holds it).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_from<R: Rows, const NV: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+    mut c0: usize,
+) {
+    let (n, hd) = (rows.rows(), rows.head_dim());
     while c0 + 8 <= hd {
-        weighted_cols::<Avx2, R, NV, 1>(w.ymm(), p, stride, rows, outs, c0);
+        weighted_cols::<R, NV, 1>(p, stride, rows, outs, c0);
         c0 += 8;
     }
     for j in c0..hd {
@@ -550,7 +434,6 @@ macro_rules! per_type {
 }
 
 mod avx512;
-use avx512::Rows16;
 
 /// The 8 sums of the lanes of `a[0..8]`, lane `r` ← `Σ a[r]` as
 /// `((x₀+x₁)+(x₂+x₃)) + ((x₄+x₅)+(x₆+x₇))` for every `r` alike.
@@ -570,19 +453,17 @@ fn lane_sums(a: &[__m256; 8]) -> __m256 {
 }
 
 /// Scores for heads of `8·CH` values (32, 64, 128 or 256), 8 key rows at a time:
-/// the 8 rows are converted to f32 once into a stack buffer (`REGS = 64 / N` registers
-/// per chunk, rows `i` and `i + REGS` in the halves of register `i`), then each vector
-/// runs 8 independent FMA chains (one per row, over the row's 8-value chunks in order)
-/// and one transposing reduction ([`lane_sums`]) gives the 8 scores in one register. A
-/// score is thus `scale · Σ` of the 8 lanes of its row's chain, the same operations for
-/// every row, vector, width and position in a block of 8 (the last, partial block
-/// re-reads its last row in the unused slots and stores only its own rows).
+/// the 8 rows are converted to f32 once into a stack buffer, then each vector runs 8
+/// independent FMA chains (one per row, over the row's 8-value chunks in order) and one
+/// transposing reduction ([`lane_sums`]) gives the 8 scores in one register. A score is
+/// thus `scale · Σ` of the 8 lanes of its row's chain, the same operations for every
+/// row, vector and position in a block of 8 (the last, partial block re-reads its last
+/// row in the unused slots and stores only its own rows).
 ///
 /// Register blocks of 2 or 3 vectors × 4 rows (fewer loads per FMA) ran 10–20 % slower
 /// here on Zen 3 (`cargo bench --bench kernels -- attention_prefill`).
-#[inline(always)]
-fn scores_by_8<W: Width<R>, R: Rows, const CH: usize, const REGS: usize>(
-    w: W,
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores_by_8<R: Rows, const CH: usize>(
     qs: &[f32],
     rows: R,
     scale: f32,
@@ -591,64 +472,61 @@ fn scores_by_8<W: Width<R>, R: Rows, const CH: usize, const REGS: usize>(
 ) {
     let (n, hd) = (rows.rows(), rows.head_dim());
     assert!(hd == 8 * CH && CH > 0 && CH.is_multiple_of(4), "head size");
-    assert!(REGS * W::N == 64, "8 rows per block");
     let nv = qs.len() / hd;
     assert!(
         n == 0 || (nv - 1) * stride + n <= out.len(),
         "scores length"
     );
-    let mut buf = [[w.zero(); CH]; REGS];
+    let mut buf = [[_mm256_setzero_ps(); CH]; 8];
+    let sc = _mm256_set1_ps(scale);
     for t0 in (0..n).step_by(8) {
         let m = (n - t0).min(8);
         // The block after next, from memory while these two are scored.
         for t in t0 + 16..t0 + 24 {
             rows.prefetch(t);
         }
-        for (i, row) in buf.iter_mut().enumerate() {
-            let (t, u) = (t0 + i.min(m - 1), t0 + (i + REGS).min(m - 1));
+        for (r, row) in buf.iter_mut().enumerate() {
+            let t = t0 + r.min(m - 1);
             for (c4, x) in row.chunks_exact_mut(4).enumerate() {
-                // SAFETY: `t, u < n`, `32·c4 + 32 ≤ hd` (`CH` is a multiple of 4), a
-                // multiple of 32.
-                x.copy_from_slice(&unsafe { w.rows32(&rows, t, u, 32 * c4) });
+                // SAFETY: `t < n`, `32·c4 + 32 ≤ hd` (`CH` is a multiple of 4), a multiple
+                // of 32; features enabled.
+                x.copy_from_slice(&unsafe { rows.load32(t, 32 * c4) });
             }
         }
         for (v, q) in qs.chunks_exact(hd).enumerate() {
-            let mut acc = [w.zero(); REGS];
+            let mut acc = [_mm256_setzero_ps(); 8];
             for c in 0..CH {
-                let qc = w.q8(&q[8 * c..]);
+                let qc = load(&q[8 * c..]);
                 for (a, row) in acc.iter_mut().zip(&buf) {
-                    *a = w.fma(qc, row[c], *a);
+                    *a = _mm256_fmadd_ps(qc, row[c], *a);
                 }
             }
-            w.finish(&acc, scale, &mut out[v * stride + t0..], m);
+            let s = _mm256_mul_ps(sc, lane_sums(&acc));
+            let dst = &mut out[v * stride + t0..];
+            if m == 8 {
+                // A whole block: one store (a `copy_from_slice` of 8 became a `memcpy`
+                // call per vector and block, 4 % of a 4096-token prefill).
+                store(dst, s);
+            } else {
+                let mut part = [0.0f32; 8];
+                store(&mut part, s);
+                dst[..m].copy_from_slice(&part[..m]);
+            }
         }
     }
 }
 
-/// [`scores_by_8`] on the AVX2 width.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scores_by_8_avx2<R: Rows, const CH: usize>(
-    k: Avx2,
-    qs: &[f32],
-    rows: R,
-    scale: f32,
-    out: &mut [f32],
-    stride: usize,
-) {
-    scores_by_8::<_, _, CH, 8>(k, qs, rows, scale, out, stride);
-}
-
-/// `out[v · stride + t] ← scale · q_v·k_t` for every row of `keys` and vector of `qs:
-/// [nv, head_dim]` (see the module docs; heads of 32, 64, 128 or 256 values take
-/// [`scores_by_8`], on the AVX-512F width where `k` carries it).
+/// `out[v · stride + t] ← scale · q_v·k_t` for every vector of `qs: [nv, head_dim]` and
+/// row of `keys` (see the module docs; heads of 32, 64, 128 or 256 values take
+/// [`scores_by_8`], or its AVX-512F twin where `wide` is `Some`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn scores(
-    k: Avx2,
-    keys: HeadRows<'_>,
     qs: &[f32],
+    keys: HeadRows<'_>,
     scale: f32,
     out: &mut [f32],
     stride: usize,
+    wide: Option<Avx512>,
 ) {
     let hd = keys.head_dim();
     if hd == 0 || keys.len() == 0 {
@@ -656,14 +534,14 @@ pub(super) fn scores(
     }
     macro_rules! by_8 {
         ($ch:literal) => {{
-            if let Some(wide) = k.avx512 {
+            if wide.is_some() {
                 // SAFETY: an `Avx512` exists only where the CPU has the features.
                 per_type!(keys, r => unsafe {
-                    avx512::scores_by_8::<_, $ch>(wide, qs, r, scale, out, stride)
+                    avx512::scores_by_8::<_, $ch>(qs, r, scale, out, stride)
                 });
                 return;
             }
-            per_type!(keys, r => scores_by_8_avx2::<_, $ch>(k, qs, r, scale, out, stride));
+            per_type!(keys, r => scores_by_8::<_, $ch>(qs, r, scale, out, stride));
             return;
         }};
     }
@@ -695,51 +573,69 @@ std::thread_local! {
 /// outputs (a prefill tile) runs in passes of [`PASS_VECS`] over the rows; rows stored
 /// as f16, bf16 or q8_0 are then converted to f32 once, into a scratch the passes read,
 /// instead of once per pass (the same values: every pass would convert them alike).
-/// Every pass runs on the AVX-512F width where `k` carries it.
+/// Every pass runs on the AVX-512F twin where `wide` is `Some`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn weighted(k: Avx2, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
+pub(super) fn weighted(
+    p: &[f32],
+    stride: usize,
+    values: HeadRows<'_>,
+    outs: &mut [f32],
+    wide: Option<Avx512>,
+) {
     let (n, hd) = (values.len(), values.head_dim());
     if hd == 0 || n == 0 {
         return;
     }
     if outs.len() <= MAX_VECS * hd {
-        per_type!(values, r => weighted_pass(k, p, stride, r, outs));
+        if wide.is_some() {
+            // SAFETY: an `Avx512` exists only where the CPU has the features.
+            per_type!(values, r => unsafe { avx512::weighted(p, stride, r, outs) });
+            return;
+        }
+        per_type!(values, r => weighted_pass(p, stride, r, outs));
         return;
     }
     if let HeadRows::F32(a) = values {
-        return weighted_passes(k, p, stride, F32Rows(Raw::new(&a)), outs);
+        return weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs, wide);
     }
     CONVERTED.with_borrow_mut(|buf| {
         buf.resize(n * hd, 0.0);
         per_type!(values, r => convert(r, buf));
         let a = ArrayView2::from_shape((n, hd), &buf[..]).expect("n · head_dim values");
-        weighted_passes(k, p, stride, F32Rows(Raw::new(&a)), outs);
+        weighted_passes(p, stride, F32Rows(Raw::new(&a)), outs, wide);
     });
 }
 
-/// [`weighted`] in passes of [`PASS_VECS`] outputs.
+/// [`weighted`] in passes of [`PASS_VECS`] outputs, on the AVX-512F twin where `wide` is
+/// `Some` (the same bits).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn weighted_passes(k: Avx2, p: &[f32], stride: usize, r: F32Rows<'_>, outs: &mut [f32]) {
+fn weighted_passes(
+    p: &[f32],
+    stride: usize,
+    r: F32Rows<'_>,
+    outs: &mut [f32],
+    wide: Option<Avx512>,
+) {
     let hd = r.head_dim();
     for (pass, o) in outs.chunks_mut(PASS_VECS * hd).enumerate() {
-        weighted_pass(k, &p[pass * PASS_VECS * stride..], stride, r, o);
+        let p = &p[pass * PASS_VECS * stride..];
+        match wide {
+            // SAFETY: an `Avx512` exists only where the CPU has the features.
+            Some(_) => unsafe { avx512::weighted(p, stride, r, o) },
+            None => weighted_pass(p, stride, r, o),
+        }
     }
 }
 
-/// One pass of [`weighted`] over `outs.len() / head_dim ≤ MAX_VECS` outputs, on the
-/// AVX-512F width where `k` carries it (the same bits), else in column passes of `8·C`
-/// (`NV · C ≤ 12` accumulators).
+/// One pass of [`weighted`] over `outs.len() / head_dim ≤ MAX_VECS` outputs, in column
+/// passes of `8·C` (`NV · C ≤ 12` accumulators).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn weighted_pass<R: Rows16>(k: Avx2, p: &[f32], stride: usize, r: R, o: &mut [f32]) {
-    if let Some(wide) = k.avx512 {
-        // SAFETY: an `Avx512` exists only where the CPU has the features.
-        return unsafe { avx512::weighted(wide, p, stride, r, o) };
-    }
+fn weighted_pass<R: Rows>(p: &[f32], stride: usize, r: R, o: &mut [f32]) {
     per_vecs!(o.len() / r.head_dim(), NV => match NV {
-        1 => weighted_n::<_, _, NV, 8>(k, p, stride, r, o),
-        2 | 3 => weighted_n::<_, _, NV, 4>(k, p, stride, r, o),
-        4..=6 => weighted_n::<_, _, NV, 2>(k, p, stride, r, o),
-        _ => weighted_n::<_, _, NV, 1>(k, p, stride, r, o),
+        1 => weighted_n::<_, NV, 8>(p, stride, r, o),
+        2 | 3 => weighted_n::<_, NV, 4>(p, stride, r, o),
+        4..=6 => weighted_n::<_, NV, 2>(p, stride, r, o),
+        _ => weighted_n::<_, NV, 1>(p, stride, r, o),
     })
 }
 
@@ -887,10 +783,9 @@ mod tests {
     /// values of mixed magnitudes, so a different order of any addition would show.
     #[test]
     fn avx512_matches_avx2_bits() {
-        let Some(wide) = crate::x86::avx512::detect_or_say("avx512_matches_avx2_bits") else {
+        if crate::x86::avx512::detect_or_say("avx512_matches_avx2_bits").is_none() {
             return;
-        };
-        let k = Avx2::detect().expect("an AVX-512F CPU runs the AVX2 kernels");
+        }
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -936,16 +831,16 @@ mod tests {
                         // SAFETY: features detected above.
                         unsafe {
                             match hd {
-                                32 => scores_by_8_avx2::<_, 4>(k, &qs, r, 0.125, &mut a, stride),
-                                64 => scores_by_8_avx2::<_, 8>(k, &qs, r, 0.125, &mut a, stride),
-                                128 => scores_by_8_avx2::<_, 16>(k, &qs, r, 0.125, &mut a, stride),
-                                _ => scores_by_8_avx2::<_, 32>(k, &qs, r, 0.125, &mut a, stride),
+                                32 => scores_by_8::<_, 4>(&qs, r, 0.125, &mut a, stride),
+                                64 => scores_by_8::<_, 8>(&qs, r, 0.125, &mut a, stride),
+                                128 => scores_by_8::<_, 16>(&qs, r, 0.125, &mut a, stride),
+                                _ => scores_by_8::<_, 32>(&qs, r, 0.125, &mut a, stride),
                             }
                             match hd {
-                                32 => avx512::scores_by_8::<_, 4>(wide, &qs, r, 0.125, &mut b, stride),
-                                64 => avx512::scores_by_8::<_, 8>(wide, &qs, r, 0.125, &mut b, stride),
-                                128 => avx512::scores_by_8::<_, 16>(wide, &qs, r, 0.125, &mut b, stride),
-                                _ => avx512::scores_by_8::<_, 32>(wide, &qs, r, 0.125, &mut b, stride),
+                                32 => avx512::scores_by_8::<_, 4>(&qs, r, 0.125, &mut b, stride),
+                                64 => avx512::scores_by_8::<_, 8>(&qs, r, 0.125, &mut b, stride),
+                                128 => avx512::scores_by_8::<_, 16>(&qs, r, 0.125, &mut b, stride),
+                                _ => avx512::scores_by_8::<_, 32>(&qs, r, 0.125, &mut b, stride),
                             }
                         }
                         assert_eq!(bits(&a), bits(&b), "scores hd {hd} n {n} nv {nv}");
@@ -964,8 +859,8 @@ mod tests {
                         let (mut a, mut b) = (o.clone(), o.clone());
                         // SAFETY: features detected above.
                         unsafe {
-                            weighted_pass(k, &p, stride, r, &mut a);
-                            avx512::weighted(wide, &p, stride, r, &mut b);
+                            weighted_pass(&p, stride, r, &mut a);
+                            avx512::weighted(&p, stride, r, &mut b);
                         }
                         assert_eq!(bits(&a), bits(&b), "weighted hd {hd} n {n} nv {nv}");
                     });

@@ -119,12 +119,12 @@ impl Kernel for Avx2 {
         stride: usize,
     ) {
         // SAFETY: features detected (see above).
-        unsafe { attn::scores(self, keys, qs, scale, out, stride) }
+        unsafe { attn::scores(qs, keys, scale, out, stride, self.avx512) }
     }
 
     fn weighted_rows(self, p: &[f32], stride: usize, values: HeadRows<'_>, outs: &mut [f32]) {
         // SAFETY: features detected (see above).
-        unsafe { attn::weighted(self, p, stride, values, outs) }
+        unsafe { attn::weighted(p, stride, values, outs, self.avx512) }
     }
 
     fn decode_rows(self, rows: HeadRows<'_>, out: &mut [f32]) {

@@ -1,15 +1,13 @@
-//! The AVX-512F width of the attention kernels of [`super`], whose loops are written once
-//! over [`Width`]: this file holds the 16-lane [`Width`], the rows' 16-value loads and the
-//! two entry points. The results are **bit for bit** the AVX2 ones: the same FMAs in the
-//! same order on every lane, twice as many lanes per instruction, on rows of every stored
-//! type (converted by the same exact loads, or the same one rounded product `d·q` for
-//! `q8_0`). The attention kernels take them on the `avx512` path (with an
-//! [`Avx512`](crate::x86::Avx512) token: the CPU has AVX-512F).
+//! AVX-512F twins of the attention kernels of [`super`], **bit for bit** the AVX2 ones:
+//! the same FMAs in the same order on every lane, twice as many lanes per instruction,
+//! on rows of every stored type (converted by the same exact loads, or the same one
+//! rounded product `d·q` for `q8_0`). The attention kernels take them on the `avx512`
+//! path (with an [`Avx512`](crate::x86::Avx512) token: the CPU has AVX-512F).
 //!
 //! - Scores ([`scores_by_8`]): a block's 8 key rows in pairs, rows `i` and `i + 4` in the
 //!   two 256-bit halves of a register, against each query chunk in both halves; each
 //!   half is exactly the AVX2 kernel's 8-lane chain for its row, and the 8 halves go
-//!   through the same [`lane_sums`](super::lane_sums).
+//!   through the same [`lane_sums`].
 //! - Weighted sums ([`weighted`]): 16 output columns per register instead of 8; an output
 //!   element is still the one chain `o ← fma(p_t, v_tj, o)` in `t` order.
 //!
@@ -17,27 +15,84 @@
 //! the row-count tests and a state saved on one machine agree across machines with and
 //! without AVX-512 (`x86::attn::tests` compares the two on the same inputs).
 
-use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, Width, weighted_n};
+use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, lane_sums, weighted_from};
 use crate::x86::avx512::{both, high, low, pair};
-use crate::x86::{Avx2, Avx512};
 use kvcore::kv::Q8_0_BLOCK;
 use std::arch::x86_64::*;
 
-/// [`super::scores_by_8`] on the AVX-512F width: a block's 8 rows are held as 4 pairs,
-/// rows `i` and `i + 4` in the two halves of a register, against each query chunk in
-/// both halves: each half is the AVX2 kernel's 8-lane chain for its row, and the 8 halves
-/// go through the same [`lane_sums`](super::lane_sums).
+/// The first `m ≤ 8` scores of `s` to `dst` (a whole block in one store).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn put(dst: &mut [f32], m: usize, s: __m256) {
+    if m == 8 {
+        super::store(dst, s);
+    } else {
+        let mut part = [0.0f32; 8];
+        super::store(&mut part, s);
+        dst[..m].copy_from_slice(&part[..m]);
+    }
+}
+
+/// [`super::scores_by_8`]: `out[v · stride + t] ← scale · q_v·k_t`. A block's 8 rows are
+/// held as 4 pairs, rows `i` and `i + 4` in the two halves of a register, against each
+/// query chunk in both halves: each half is the AVX2 kernel's 8-lane chain for its row,
+/// and the 8 halves go through the same [`lane_sums`].
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`Avx512`](crate::x86::Avx512)).
 #[allow(private_bounds)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) fn scores_by_8<R: Rows16, const CH: usize>(
-    k: Avx512,
+pub(super) unsafe fn scores_by_8<R: Rows16, const CH: usize>(
     qs: &[f32],
     rows: R,
     scale: f32,
     out: &mut [f32],
     stride: usize,
 ) {
-    super::scores_by_8::<_, _, CH, 4>(k, qs, rows, scale, out, stride);
+    let (n, hd) = (rows.rows(), rows.head_dim());
+    assert!(hd == 8 * CH && CH > 0 && CH.is_multiple_of(4), "head size");
+    let nv = qs.len() / hd;
+    assert!(
+        n == 0 || (nv - 1) * stride + n <= out.len(),
+        "scores length"
+    );
+    let sc = _mm256_set1_ps(scale);
+    // Rows `i` and `i + 4` of the block as CH chunks of 8 (the AVX2 kernel's re-read of
+    // the last row fills a partial block's unused slots alike).
+    let mut buf = [[_mm512_setzero_ps(); CH]; 4];
+    for t0 in (0..n).step_by(8) {
+        let m = (n - t0).min(8);
+        // The block after next, from memory while these two are scored.
+        for t in t0 + 16..t0 + 24 {
+            rows.prefetch(t);
+        }
+        for (i, pair) in buf.iter_mut().enumerate() {
+            let (t, u) = (t0 + i.min(m - 1), t0 + (i + 4).min(m - 1));
+            for (c4, x) in pair.chunks_exact_mut(4).enumerate() {
+                // SAFETY: `t, u < n`, `32·c4 + 32 ≤ hd` (`CH` is a multiple of 4), a
+                // multiple of 32; features enabled.
+                x.copy_from_slice(&unsafe { rows.load32x2(t, u, 32 * c4) });
+            }
+        }
+        for v in 0..nv {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for c in 0..CH {
+                let qc = both(super::load(&qs[v * hd + 8 * c..]));
+                for (a, pair) in acc.iter_mut().zip(&buf) {
+                    *a = _mm512_fmadd_ps(qc, pair[c], *a);
+                }
+            }
+            let mut lanes = [_mm256_setzero_ps(); 8];
+            for (i, a) in acc.iter().enumerate() {
+                (lanes[i], lanes[i + 4]) = (low(*a), high(*a));
+            }
+            put(
+                &mut out[v * stride + t0..],
+                m,
+                _mm256_mul_ps(sc, lane_sums(&lanes)),
+            );
+        }
+    }
 }
 
 /// Rows read 16 values at a time.
@@ -45,7 +100,7 @@ pub(super) fn scores_by_8<R: Rows16, const CH: usize>(
 /// # Safety
 /// `load16(t, j)` requires `t < rows()`, `j + 16 ≤ head_dim()`, `j` a multiple of 16, and
 /// a CPU with AVX-512F, AVX2, FMA and F16C.
-pub(super) trait Rows16: Rows {
+trait Rows16: Rows {
     /// Values `j .. j + 16` of row `t` as f32: the values of two `load8`.
     unsafe fn load16(&self, t: usize, j: usize) -> __m512;
     /// Values `j .. j + 32` of rows `t` (low halves) and `u` (high halves) as f32, 8 per
@@ -127,90 +182,88 @@ impl Rows16 for Q8Rows<'_> {
     }
 }
 
-// SAFETY (every `unsafe` block in this impl but the row loads'): the intrinsics need
-// AVX-512F, AVX2, FMA and F16C, which an `Avx512` proves.
-impl<R: Rows16> Width<R> for Avx512 {
-    type V = __m512;
-    const N: usize = 16;
-    #[inline(always)]
-    fn zero(self) -> __m512 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm512_setzero_ps() }
+/// Columns `c0 .. c0 + 16·C` of `NV` outputs: `outs[v] += Σ_t p[v·stride + t] · v_t`
+/// ([`super::weighted_cols`] on 16 lanes).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn cols<R: Rows16, const NV: usize, const C: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+    c0: usize,
+) {
+    let hd = rows.head_dim();
+    let n = rows.rows();
+    assert!(c0 + 16 * C <= hd && outs.len() >= NV * hd, "columns");
+    assert!(n == 0 || (NV - 1) * stride + n <= p.len(), "weights length");
+    let mut acc = [[_mm512_setzero_ps(); C]; NV];
+    for (v, a) in acc.iter_mut().enumerate() {
+        for (c, x) in a.iter_mut().enumerate() {
+            // SAFETY: `v·hd + c0 + 16c + 16 ≤ NV·hd ≤ outs.len()` (asserted above).
+            *x = unsafe { _mm512_loadu_ps(outs.as_ptr().add(v * hd + c0 + 16 * c)) };
+        }
     }
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m512 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm512_set1_ps(x) }
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> __m512 {
-        assert!(s.len() >= 16);
-        // SAFETY: 16 floats are in bounds (asserted); features detected (see above).
-        unsafe { _mm512_loadu_ps(s.as_ptr()) }
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: __m512) {
-        assert!(s.len() >= 16);
-        // SAFETY: 16 floats are in bounds (asserted); features detected (see above).
-        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
-    }
-    #[inline(always)]
-    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm512_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    fn q8(self, q: &[f32]) -> __m512 {
-        // SAFETY: features detected (see above); `load` checks the length.
-        unsafe { both(super::load(q)) }
-    }
-    #[inline(always)]
-    unsafe fn rows32(self, rows: &R, t: usize, u: usize, j: usize) -> [__m512; 4] {
-        // SAFETY: the caller's contract is `load32x2`'s; features detected.
-        unsafe { rows.load32x2(t, u, j) }
-    }
-    #[inline(always)]
-    unsafe fn cols<const C: usize>(self, rows: &R, t: usize, c0: usize) -> [__m512; C] {
-        let mut x = [<Self as Width<R>>::zero(self); C];
+    for t in 0..n {
+        rows.prefetch(t + 8);
+        let mut x = [_mm512_setzero_ps(); C];
         for (c, xc) in x.iter_mut().enumerate() {
-            // SAFETY: `t < rows` and `c0 + 16c + 16 ≤ hd` (the caller's contract), a
-            // multiple of 16.
+            // SAFETY: `t < n` and `c0 + 16c + 16 ≤ hd` (asserted above), `c0` a multiple
+            // of 16 (the callers' passes); features enabled.
             *xc = unsafe { rows.load16(t, c0 + 16 * c) };
         }
-        x
-    }
-    #[inline(always)]
-    fn finish<const REGS: usize>(
-        self,
-        acc: &[__m512; REGS],
-        scale: f32,
-        dst: &mut [f32],
-        m: usize,
-    ) {
-        let y = <Self as Width<R>>::ymm(self);
-        let mut lanes = [<Avx2 as Width<R>>::zero(y); 8];
-        for (i, a) in acc.iter().enumerate() {
-            // SAFETY: features detected (see above).
-            (lanes[i], lanes[i + REGS]) = unsafe { (low(*a), high(*a)) };
+        for (v, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `v < NV` and `t < n`, so `v·stride + t < (NV − 1)·stride + n ≤
+            // p.len()` (asserted above).
+            let pv = _mm512_set1_ps(unsafe { *p.as_ptr().add(v * stride + t) });
+            for (c, o) in a.iter_mut().enumerate() {
+                *o = _mm512_fmadd_ps(pv, x[c], *o);
+            }
         }
-        <Avx2 as Width<R>>::finish(y, &lanes, scale, dst, m);
     }
-    #[inline(always)]
-    fn ymm(self) -> Avx2 {
-        Avx2 { avx512: Some(self) }
+    for (v, a) in acc.iter().enumerate() {
+        for (c, x) in a.iter().enumerate() {
+            // SAFETY: as the loads above.
+            unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(v * hd + c0 + 16 * c), *x) };
+        }
     }
 }
 
-/// [`super::weighted_pass`] on the AVX-512F width: `outs.len() / head_dim ≤ MAX_VECS`
-/// outputs, `NV · C ≤ 24` accumulators of 16 lanes, 16 output columns per register; an
-/// output element is still the one chain `o ← fma(p_t, v_tj, o)` in `t` order.
+/// `outs[v] += Σ_t p[v · stride + t] · v_t` for `NV` outputs `outs: [NV, head_dim]`:
+/// column passes of `16·C`, then of 16, then the AVX2 kernel's from the first column
+/// left (8 at a time, then its unfused tail).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn weighted_n<R: Rows16, const NV: usize, const C: usize>(
+    p: &[f32],
+    stride: usize,
+    rows: R,
+    outs: &mut [f32],
+) {
+    let hd = rows.head_dim();
+    let mut c0 = 0;
+    while c0 + 16 * C <= hd {
+        cols::<R, NV, C>(p, stride, rows, outs, c0);
+        c0 += 16 * C;
+    }
+    while c0 + 16 <= hd {
+        cols::<R, NV, 1>(p, stride, rows, outs, c0);
+        c0 += 16;
+    }
+    weighted_from::<_, NV>(p, stride, rows, outs, c0);
+}
+
+/// [`super::weighted_pass`]: `outs.len() / head_dim ≤ MAX_VECS` outputs, `NV · C ≤ 24`
+/// accumulators of 16 lanes.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2, FMA and F16C ([`Avx512`](crate::x86::Avx512)).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(private_bounds)]
-pub(super) fn weighted<R: Rows16>(k: Avx512, p: &[f32], stride: usize, rows: R, outs: &mut [f32]) {
+pub(super) unsafe fn weighted<R: Rows16>(p: &[f32], stride: usize, rows: R, outs: &mut [f32]) {
     let nv = outs.len() / rows.head_dim();
     assert!((1..=MAX_VECS).contains(&nv), "outputs per pass");
     per_vecs!(nv, NV => match NV {
-        1..=6 => weighted_n::<_, R, NV, 4>(k, p, stride, rows, outs),
-        _ => weighted_n::<_, R, NV, 2>(k, p, stride, rows, outs),
+        1..=6 => weighted_n::<R, NV, 4>(p, stride, rows, outs),
+        _ => weighted_n::<R, NV, 2>(p, stride, rows, outs),
     })
 }
