@@ -413,26 +413,40 @@ pub(crate) fn add<L: F32Lanes>(l: L, acc: &mut [f32], x: &[f32]) {
 /// # Panics
 /// If the lengths differ.
 #[inline(always)]
-fn glu<L: F32Lanes>(l: L, gate: &[f32], up: &[f32], out: &mut [f32], k: impl Fn(L::V) -> L::V) {
+fn glu<L: F32Lanes, const GELU: bool>(l: L, gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(gate.len() == up.len() && gate.len() == out.len());
-    let one = l.splat(1.0);
-    let act = |g: L::V, u: L::V| {
-        let e = exp(l, k(g));
-        l.mul(l.div(g, l.add(one, e)), u)
-    };
     let mut oc = out.chunks_exact_mut(L::N);
     let (mut gc, mut uc) = (gate.chunks_exact(L::N), up.chunks_exact(L::N));
     for ((o, g), u) in oc.by_ref().zip(gc.by_ref()).zip(uc.by_ref()) {
-        l.store(o, act(l.load(g), l.load(u)));
+        l.store(o, glu_lanes::<L, GELU>(l, l.load(g), l.load(u)));
     }
     let tail = oc.into_remainder();
     if !tail.is_empty() {
         let (mut g, mut u, mut o) = ([0.0f32; MAX_N], [0.0f32; MAX_N], [0.0f32; MAX_N]);
         g[..tail.len()].copy_from_slice(gc.remainder());
         u[..tail.len()].copy_from_slice(uc.remainder());
-        l.store(&mut o, act(l.load(&g), l.load(&u)));
+        l.store(&mut o, glu_lanes::<L, GELU>(l, l.load(&g), l.load(&u)));
         tail.copy_from_slice(&o[..tail.len()]);
     }
+}
+
+/// `g / (1 + e^(k(g))) · u` on one vector, `k` SwiGLU's `−g` or GeGLU's `−2z` (see
+/// [`geglu`]). A function, not a closure: a closure the compiler declines to inline
+/// would be compiled outside the family's `#[target_feature]` entry point, with every
+/// lane operation in it a call.
+#[inline(always)]
+fn glu_lanes<L: F32Lanes, const GELU: bool>(l: L, g: L::V, u: L::V) -> L::V {
+    let k = if GELU {
+        let g3 = l.mul(l.mul(g, g), g);
+        l.mul(
+            l.splat(-2.0 * 0.797_884_6),
+            l.mul_add(g, l.splat(0.044_715), g3),
+        )
+    } else {
+        l.neg(g)
+    };
+    let e = exp(l, k);
+    l.mul(l.div(g, l.add(l.splat(1.0), e)), u)
 }
 
 /// SwiGLU `out_j ← g_j / (1 + e^(−g_j)) · u_j`: the reference's formula with [`exp`]
@@ -440,7 +454,7 @@ fn glu<L: F32Lanes>(l: L, gate: &[f32], up: &[f32], out: &mut [f32], k: impl Fn(
 /// `−0`, as in the reference. Within the conformance suite's SwiGLU bound (`EXP_ULPS`).
 #[inline(always)]
 pub(crate) fn swiglu<L: F32Lanes>(l: L, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    glu(l, gate, up, out, |g| l.neg(g));
+    glu::<L, false>(l, gate, up, out);
 }
 
 /// GeGLU with tanh-GELU written as a logistic: `½g(1 + tanh z) = g / (1 + e^(−2z))`,
@@ -453,10 +467,5 @@ pub(crate) fn swiglu<L: F32Lanes>(l: L, gate: &[f32], up: &[f32], out: &mut [f32
 /// it is `∞` (result `−0`); NaN stays NaN.
 #[inline(always)]
 pub(crate) fn geglu<L: F32Lanes>(l: L, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    let c = l.splat(0.044_715);
-    let minus_2s = l.splat(-2.0 * 0.797_884_6);
-    glu(l, gate, up, out, |g| {
-        let g3 = l.mul(l.mul(g, g), g);
-        l.mul(minus_2s, l.mul_add(g, c, g3))
-    });
+    glu::<L, true>(l, gate, up, out);
 }
