@@ -318,43 +318,9 @@ fn gemv_blocks_t(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [
 }
 
 impl Blocks for Simd128 {
-    type F = v128;
-    const LANES: usize = 4;
     type Chunk = [v128; 8];
     type Eight = [v128; 2];
 
-    #[inline(always)]
-    fn zero(self) -> v128 {
-        f32x4_splat(0.0)
-    }
-    #[inline(always)]
-    fn splat(self, v: f32) -> v128 {
-        f32x4_splat(v)
-    }
-    #[inline(always)]
-    fn add(self, a: v128, b: v128) -> v128 {
-        f32x4_add(a, b)
-    }
-    #[inline(always)]
-    fn mul(self, a: v128, b: v128) -> v128 {
-        f32x4_mul(a, b)
-    }
-    #[inline(always)]
-    fn mul_add(self, acc: v128, a: v128, b: v128) -> v128 {
-        mul_add(acc, a, b)
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> v128 {
-        load(s)
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: v128) {
-        store(s, v)
-    }
-    #[inline(always)]
-    fn hsum(self, v: v128) -> f32 {
-        hsum(v)
-    }
     #[inline(always)]
     fn widen8<const FMT: u8>(self, b: &[u8]) -> [v128; 2] {
         widen8::<FMT>(b)

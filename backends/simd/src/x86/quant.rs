@@ -30,7 +30,7 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row};
 use super::{Avx2, Avx512};
 use crate::kformat::{self, Block, Blocks, F16, F32, Format, width};
 use kvcore::backend::{DType, QK, Weights};
@@ -442,43 +442,9 @@ pub(super) fn dequantize(k: Avx2, dtype: DType, bytes: &[u8], out: &mut [f32]) {
 // SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, which an
 // `Avx2` value proves (`x86/mod.rs`); they check their slice lengths themselves.
 impl Blocks for Avx2 {
-    type F = __m256;
-    const LANES: usize = 8;
     type Chunk = [__m256; 4];
     type Eight = [__m256; 1];
 
-    #[inline(always)]
-    fn zero(self) -> __m256 {
-        unsafe { _mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    fn splat(self, v: f32) -> __m256 {
-        unsafe { _mm256_set1_ps(v) }
-    }
-    #[inline(always)]
-    fn add(self, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul_add(self, acc: __m256, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_fmadd_ps(a, b, acc) }
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> __m256 {
-        unsafe { load(s) }
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: __m256) {
-        unsafe { store(s, v) }
-    }
-    #[inline(always)]
-    fn hsum(self, v: __m256) -> f32 {
-        unsafe { hsum(v) }
-    }
     #[inline(always)]
     fn widen8<const FMT: u8>(self, b: &[u8]) -> [__m256; 1] {
         [unsafe { widen8::<FMT>(b) }]
