@@ -10,6 +10,7 @@
 //! Layouts follow `kvcore::backend`: row-major `[rows, cols]`, weights in their stored
 //! bytes, activations `f32`.
 
+use crate::kformat::BlockLoops;
 use crate::lanes::F32Loops;
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 use kvcore::kv::{BlockQ8_0, KvRows};
@@ -142,22 +143,28 @@ fn with_decoded<R>(rows: HeadRows<'_>, f: impl FnOnce(&[f32]) -> R) -> R {
 ///
 /// The f32 methods (scores, weighted sums, softmax, the GLUs, RMSNorm's parts, the
 /// residual add) are the loops of `crate::lanes` on the family's lanes ([`F32Loops`]),
-/// the same for every family; the others are the family's own.
+/// and the weight methods (GEMV, dequantize, the 8-bit quantiser) the loops of
+/// `crate::kformat` on its block microkernels ([`BlockLoops`]), the same for every
+/// family; the others are the family's own.
 //
-// SAFETY (every `unsafe` block of the provided methods): the `F32Loops` entry points need
+// SAFETY (every `unsafe` block of the provided methods): the `F32Loops` and `BlockLoops`
+// entry points need
 // the family's instructions, and a `Kernel` value is a token that exists only where the
 // CPU runs them (see the module docs).
-pub(crate) trait Kernel: F32Loops {
+pub(crate) trait Kernel: F32Loops + BlockLoops {
     /// GEMV `y ← W x` for every dtype.
     ///
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`; `block_sums: [cols / 32]` holds
     /// `Σ x_j` over each 32-element block of `x` (used by `Q4_1`, empty for the plain
-    /// formats).
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]);
+    /// formats): `kformat::gemv`.
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_gemv(w, x, block_sums, y) }
+    }
 
     /// Quantise `x` to 8 bits in `layout` into `(scales, sums, values)` (as
     /// `kvcore::backend::Q8Acts::fill` sizes them), bit for bit as
-    /// `kvcore::backend::Q8Acts::quantize`.
+    /// `kvcore::backend::Q8Acts::quantize`: `kformat::quantize`.
     fn quantize_q8(
         self,
         layout: Q8Layout,
@@ -165,7 +172,10 @@ pub(crate) trait Kernel: F32Loops {
         scales: &mut [f32],
         sums: &mut [i32],
         values: &mut [i8],
-    );
+    ) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_quantize(layout, x, scales, sums, values) }
+    }
 
     /// GEMV with 8-bit activations `y ← W x̂` for a block-format `w` and `x` in the layout
     /// it meets (see `kvcore::backend::q8`). `x: [cols]`, `y: [rows]`.
@@ -182,8 +192,11 @@ pub(crate) trait Kernel: F32Loops {
     }
 
     /// Decode `out.len()` consecutive weights of `dtype` from `bytes` (whole blocks),
-    /// bit for bit equal to `kvcore_scalar::quant::dequantize`.
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
+    /// bit for bit equal to `kvcore_scalar::quant::dequantize`: `kformat::dequantize`.
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_dequantize(dtype, bytes, out) }
+    }
 
     /// Attention scores `s_t ← scale · q·k_t` for `t in 0..scores.len()`, `k_t` the
     /// `t`-th row of `keys` (each `q.len()` long): `lanes::scores`.

@@ -151,6 +151,69 @@ pub(crate) trait Blocks: F32Lanes {
     fn quantize16(self, x: &[f32], factor: f32, q: &mut [i8]) -> i32;
 }
 
+/// The loops of this module instantiated in one architecture's target features:
+/// `block_loops!(Token, #[target_feature(enable = "…")])` implements it (as
+/// `lanes::f32_loops!` does the f32 loops), and the `Kernel` trait's weight methods call
+/// these entry points.
+///
+/// # Safety (every method)
+/// The CPU runs the architecture's instructions: a token exists (see `F32Lanes`).
+pub(crate) trait BlockLoops: Blocks {
+    /// [`gemv`].
+    unsafe fn run_gemv(self, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]);
+    /// [`dequantize`].
+    unsafe fn run_dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
+    /// [`quantize`].
+    unsafe fn run_quantize(
+        self,
+        layout: Q8Layout,
+        x: &[f32],
+        scales: &mut [f32],
+        sums: &mut [i32],
+        values: &mut [i8],
+    );
+}
+
+/// `impl BlockLoops for $token`, every loop inlined into a method carrying `$attr` (the
+/// architecture's `#[target_feature]`, or nothing where the features are compiled in).
+macro_rules! block_loops {
+    ($token:ty $(, #[$attr:meta])*) => {
+        impl $crate::kformat::BlockLoops for $token {
+            $(#[$attr])*
+            unsafe fn run_gemv(
+                self,
+                w: &kvcore::backend::Weights<'_>,
+                x: &[f32],
+                sums: &[f32],
+                y: &mut [f32],
+            ) {
+                $crate::kformat::gemv(self, w, x, sums, y)
+            }
+            $(#[$attr])*
+            unsafe fn run_dequantize(
+                self,
+                dtype: kvcore::backend::DType,
+                bytes: &[u8],
+                out: &mut [f32],
+            ) {
+                $crate::kformat::dequantize(self, dtype, bytes, out)
+            }
+            $(#[$attr])*
+            unsafe fn run_quantize(
+                self,
+                layout: kvcore::backend::Q8Layout,
+                x: &[f32],
+                scales: &mut [f32],
+                sums: &mut [i32],
+                values: &mut [i8],
+            ) {
+                $crate::kformat::quantize(self, layout, x, scales, sums, values)
+            }
+        }
+    };
+}
+pub(crate) use block_loops;
+
 /// The shape checks every GEMV starts with (`x: [cols]`, `y: [rows]`): `w`'s row bytes,
 /// or `None` with `y` zeroed when the rows are empty.
 ///

@@ -97,6 +97,20 @@ pub(crate) unsafe trait F32Lanes: Copy {
     fn hsum(self, v: Self::V) -> f32;
 }
 
+/// The methods of an [`F32Lanes`] impl that are one intrinsic on two vectors:
+/// `binary_lane_ops!(add => _mm256_add_ps, sub => _mm256_sub_ps, …)`.
+macro_rules! binary_lane_ops {
+    ($($name:ident => $op:path),* $(,)?) => {$(
+        #[inline(always)]
+        #[allow(unused_unsafe, reason = "SIMD128's intrinsics are safe functions")]
+        fn $name(self, a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: the token proves the family's instructions (`F32Lanes`' contract).
+            unsafe { $op(a, b) }
+        }
+    )*};
+}
+pub(crate) use binary_lane_ops;
+
 /// The loops of this module instantiated in one family's target features:
 /// `f32_loops!(Token, #[target_feature(enable = "…")])` implements it.
 ///

@@ -62,26 +62,12 @@ unsafe impl F32Lanes for Neon {
         // SAFETY: NEON detected (see above); `store` checks the length.
         unsafe { store(s, v) }
     }
-    #[inline(always)]
-    fn add(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        // SAFETY: NEON detected (see above).
-        unsafe { vaddq_f32(a, b) }
-    }
-    #[inline(always)]
-    fn sub(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        // SAFETY: NEON detected (see above).
-        unsafe { vsubq_f32(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        // SAFETY: NEON detected (see above).
-        unsafe { vmulq_f32(a, b) }
-    }
-    #[inline(always)]
-    fn div(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        // SAFETY: NEON detected (see above).
-        unsafe { vdivq_f32(a, b) }
-    }
+    crate::lanes::binary_lane_ops!(
+        add => vaddq_f32,
+        sub => vsubq_f32,
+        mul => vmulq_f32,
+        div => vdivq_f32,
+    );
     #[inline(always)]
     fn neg(self, a: float32x4_t) -> float32x4_t {
         // SAFETY: NEON detected (see above).

@@ -219,3 +219,5 @@ impl Blocks for Neon {
         unsafe { super::q8::quantize16(x, factor, q) }
     }
 }
+
+crate::kformat::block_loops!(Neon);

@@ -80,22 +80,12 @@ unsafe impl F32Lanes for Simd128 {
     fn store(self, s: &mut [f32], v: v128) {
         store(s, v)
     }
-    #[inline(always)]
-    fn add(self, a: v128, b: v128) -> v128 {
-        f32x4_add(a, b)
-    }
-    #[inline(always)]
-    fn sub(self, a: v128, b: v128) -> v128 {
-        f32x4_sub(a, b)
-    }
-    #[inline(always)]
-    fn mul(self, a: v128, b: v128) -> v128 {
-        f32x4_mul(a, b)
-    }
-    #[inline(always)]
-    fn div(self, a: v128, b: v128) -> v128 {
-        f32x4_div(a, b)
-    }
+    crate::lanes::binary_lane_ops!(
+        add => f32x4_add,
+        sub => f32x4_sub,
+        mul => f32x4_mul,
+        div => f32x4_div,
+    );
     #[inline(always)]
     fn neg(self, a: v128) -> v128 {
         f32x4_neg(a)

@@ -37,8 +37,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use crate::kformat;
-use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{Q8Acts, Weights};
 
 /// Proof that this module was compiled for SIMD128: only [`Simd128::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -55,26 +54,7 @@ impl Simd128 {
 }
 
 impl Kernel for Simd128 {
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        kformat::gemv(self, w, x, block_sums, y)
-    }
-
-    fn quantize_q8(
-        self,
-        layout: Q8Layout,
-        x: &[f32],
-        scales: &mut [f32],
-        sums: &mut [i32],
-        values: &mut [i8],
-    ) {
-        kformat::quantize(self, layout, x, scales, sums, values)
-    }
-
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         q8::gemv(w, x, y)
-    }
-
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        kformat::dequantize(self, dtype, bytes, out)
     }
 }

@@ -350,3 +350,5 @@ impl Blocks for Simd128 {
         super::q8::quantize16(x, factor, q)
     }
 }
+
+crate::kformat::block_loops!(Simd128);

@@ -118,26 +118,12 @@ unsafe impl F32Lanes for Avx2 {
         // SAFETY: features detected (see above); `store` checks the length.
         unsafe { store(s, v) }
     }
-    #[inline(always)]
-    fn add(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    fn sub(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm256_sub_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm256_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    fn div(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: features detected (see above).
-        unsafe { _mm256_div_ps(a, b) }
-    }
+    crate::lanes::binary_lane_ops!(
+        add => _mm256_add_ps,
+        sub => _mm256_sub_ps,
+        mul => _mm256_mul_ps,
+        div => _mm256_div_ps,
+    );
     #[inline(always)]
     fn neg(self, a: __m256) -> __m256 {
         // SAFETY: features detected (see above).

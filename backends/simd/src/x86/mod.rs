@@ -28,7 +28,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::{HeadRows, Kernel};
-use kvcore::backend::{DType, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{Q8Acts, Weights};
 
 pub(crate) use avx512::Avx512;
 
@@ -65,23 +65,6 @@ impl Avx2 {
 // value exists only after `Avx2::detect` or `Avx512::detect` found all three at run
 // time. The callees check their slice lengths themselves.
 impl Kernel for Avx2 {
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { quant::gemv(self, w, x, block_sums, y) }
-    }
-
-    fn quantize_q8(
-        self,
-        layout: Q8Layout,
-        x: &[f32],
-        scales: &mut [f32],
-        sums: &mut [i32],
-        values: &mut [i8],
-    ) {
-        // SAFETY: features detected (see above).
-        unsafe { q8::quantize(self, layout, x, scales, sums, values) }
-    }
-
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { q8::gemv(w, x, y) }
@@ -90,11 +73,6 @@ impl Kernel for Avx2 {
     fn gemv_q8_tokens(self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
         // SAFETY: features detected (see above).
         unsafe { q8::gemv_tokens(w, x, y, stride) }
-    }
-
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { quant::dequantize(self, dtype, bytes, out) }
     }
 
     fn gemm_rows(self, w: &[f32], x: &[f32], cols: usize, y: &mut [f32], stride: usize) {

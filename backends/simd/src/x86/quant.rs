@@ -264,15 +264,6 @@ fn dot_blocks<const B: u8>(row: &[u8], x: &[f32], sums2: &[f32]) -> f32 {
     hsum(_mm256_add_ps(_mm256_add_ps(even, odd), offsets))
 }
 
-/// `y ← W x` for every weight format: [`kformat::gemv`] on the AVX2 blocks.
-///
-/// # Panics
-/// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemv(k: Avx2, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    kformat::gemv(k, w, x, sums, y);
-}
-
 /// `y ← W x` for `w` of `fmt`, one row at a time ([`dot_blocks`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemv_blocks(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
@@ -429,16 +420,6 @@ fn gemm_blocks_n<const T: usize>(
     }
 }
 
-/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder:
-/// [`kformat::dequantize`] on the AVX2 blocks.
-///
-/// # Panics
-/// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dequantize(k: Avx2, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    kformat::dequantize(k, dtype, bytes, out);
-}
-
 // SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, which an
 // `Avx2` value proves (`x86/mod.rs`); they check their slice lengths themselves.
 impl Blocks for Avx2 {
@@ -482,9 +463,12 @@ impl Blocks for Avx2 {
     }
 }
 
+kformat::block_loops!(Avx2, #[target_feature(enable = "avx2,fma,f16c")]);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kformat::BlockLoops;
     use crate::x86::dot::gemm_rows;
 
     /// `gemm_blocks` bit for bit the decoded rows through `gemm_rows` (its docs' claim),
@@ -519,7 +503,7 @@ mod tests {
                 let mut decoded = vec![0.0f32; rows * cols];
                 // SAFETY (every block below): AVX2, FMA and F16C detected by the caller,
                 // AVX-512F by whoever made `wide`.
-                unsafe { dequantize(avx2, dtype, &bytes, &mut decoded) };
+                unsafe { avx2.run_dequantize(dtype, &bytes, &mut decoded) };
                 for n in 1..=9 {
                     let x: Vec<f32> = (0..n * cols).map(|i| val(i, 2)).collect();
                     let stride = rows + 2;
