@@ -28,7 +28,7 @@
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
 use super::Neon;
-use super::dot::{load, store};
+use super::dot::load;
 use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
 use kvcore::backend::{QK, Weights};
 use std::arch::aarch64::*;

@@ -41,7 +41,7 @@
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
 use super::Simd128;
-use super::dot::{hsum, load, mul_add, store, touch_next};
+use super::dot::{hsum, load, mul_add, touch_next};
 use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
 use core::arch::wasm32::*;
 use kvcore::backend::{QK, Weights};
