@@ -10,6 +10,8 @@
 //! Layouts follow `kvcore::backend`: row-major `[rows, cols]`, weights in their stored
 //! bytes, activations `f32`.
 
+use crate::kformat::BlockLoops;
+use crate::lanes::F32Loops;
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
 use kvcore::kv::{BlockQ8_0, KvRows};
 use kvcore::ndarray::{ArrayView2, Axis, s};
@@ -138,17 +140,31 @@ fn with_decoded<R>(rows: HeadRows<'_>, f: impl FnOnce(&[f32]) -> R) -> R {
 
 /// One instruction-set family's kernels. All lengths are checked by the callers in
 /// `ops.rs`; the implementations assert them again before any unchecked access.
-pub(crate) trait Kernel: Copy {
+///
+/// The f32 methods (scores, weighted sums, softmax, the GLUs, RMSNorm's parts, the
+/// residual add) are the loops of `crate::lanes` on the family's lanes ([`F32Loops`]),
+/// and the weight methods (GEMV, dequantize, the 8-bit quantiser) the loops of
+/// `crate::kformat` on its block microkernels ([`BlockLoops`]), the same for every
+/// family; the others are the family's own.
+//
+// SAFETY (every `unsafe` block of the provided methods): the `F32Loops` and `BlockLoops`
+// entry points need
+// the family's instructions, and a `Kernel` value is a token that exists only where the
+// CPU runs them (see the module docs).
+pub(crate) trait Kernel: F32Loops + BlockLoops {
     /// GEMV `y ← W x` for every dtype.
     ///
     /// `w: [rows, cols]`, `x: [cols]`, `y: [rows]`; `block_sums: [cols / 32]` holds
     /// `Σ x_j` over each 32-element block of `x` (used by `Q4_1`, empty for the plain
-    /// formats).
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]);
+    /// formats): `kformat::gemv`.
+    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_gemv(w, x, block_sums, y) }
+    }
 
     /// Quantise `x` to 8 bits in `layout` into `(scales, sums, values)` (as
     /// `kvcore::backend::Q8Acts::fill` sizes them), bit for bit as
-    /// `kvcore::backend::Q8Acts::quantize`.
+    /// `kvcore::backend::Q8Acts::quantize`: `kformat::quantize`.
     fn quantize_q8(
         self,
         layout: Q8Layout,
@@ -156,7 +172,10 @@ pub(crate) trait Kernel: Copy {
         scales: &mut [f32],
         sums: &mut [i32],
         values: &mut [i8],
-    );
+    ) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_quantize(layout, x, scales, sums, values) }
+    }
 
     /// GEMV with 8-bit activations `y ← W x̂` for a block-format `w` and `x` in the layout
     /// it meets (see `kvcore::backend::q8`). `x: [cols]`, `y: [rows]`.
@@ -173,18 +192,24 @@ pub(crate) trait Kernel: Copy {
     }
 
     /// Decode `out.len()` consecutive weights of `dtype` from `bytes` (whole blocks),
-    /// bit for bit equal to `kvcore_scalar::quant::dequantize`.
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
+    /// bit for bit equal to `kvcore_scalar::quant::dequantize`: `kformat::dequantize`.
+    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_dequantize(dtype, bytes, out) }
+    }
 
     /// Attention scores `s_t ← scale · q·k_t` for `t in 0..scores.len()`, `k_t` the
-    /// `t`-th row of `keys` (each `q.len()` long).
+    /// `t`-th row of `keys` (each `q.len()` long): `lanes::scores`.
     fn scores<'a>(
         self,
         q: &[f32],
         keys: impl Iterator<Item = &'a [f32]>,
         scale: f32,
         scores: &mut [f32],
-    );
+    ) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_scores(q, keys, scale, scores) }
+    }
 
     /// The few-token GEMM on f32 rows: `y[t·stride + r] ← w_r·x_t` for every row `w_r`
     /// of `w: [p, cols]` and token `x_t` of `x: [n, cols]`, each output by the same
@@ -210,8 +235,11 @@ pub(crate) trait Kernel: Copy {
     fn prefetch(self, _bytes: &[u8]) {}
 
     /// Weighted sum `out ← out + Σ_t p_t · v_t` in `t` order, `v_t` the `t`-th row of
-    /// `values` (each `out.len()` long) and `t in 0..p.len()`.
-    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]);
+    /// `values` (each `out.len()` long) and `t in 0..p.len()`: `lanes::weighted_sum`.
+    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_weighted_sum(p, values, out) }
+    }
 
     /// Attention scores of `nv = qs.len() / head_dim` query vectors against rows in
     /// their stored type: `out[v · stride + t] ← scale · q_v·k_t` for every row `t` of
@@ -284,68 +312,48 @@ pub(crate) trait Kernel: Copy {
 
     /// The unnormalised softmax of one row in place: `x ← e^(x − max)`, returning the
     /// max and the sum. A NaN makes the row NaN (and the state NaN); an empty or all
-    /// `−∞` row becomes zeros with [`PartStat::EMPTY`]. The default is the scalar
-    /// reference's exact `exp`.
+    /// `−∞` row becomes zeros with [`PartStat::EMPTY`]. `lanes::exp_sum`: within the
+    /// conformance tolerance (whose `exp` allowance is `EXP_ULPS` ulps).
     fn exp_sum(self, x: &mut [f32]) -> PartStat {
-        exp_sum_with(x, |v| v.exp())
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_exp_sum(x) }
     }
 
     /// Softmax of one row in place, with `Backend::softmax`'s contract (max-subtracted;
-    /// a NaN makes the row NaN; an all-`−∞` row becomes zeros). The default is the scalar
-    /// reference (exact `exp`); a family may vectorise it within the conformance
-    /// tolerance (whose `exp` allowance is `EXP_ULPS` ulps).
+    /// a NaN makes the row NaN; an all-`−∞` row becomes zeros): `lanes::softmax`, within
+    /// the conformance tolerance.
     fn softmax(self, x: &mut [f32]) {
-        use kvcore::backend::Backend;
-        kvcore_scalar::Scalar.softmax(x)
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_softmax(x) }
     }
 
-    /// SwiGLU `out ← silu(gate) ⊙ up` within the conformance bound. The default is the
-    /// scalar reference (exact `exp`).
+    /// SwiGLU `out ← silu(gate) ⊙ up` within the conformance bound (`lanes::swiglu`).
     fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        use kvcore::backend::Backend;
-        kvcore_scalar::Scalar
-            .swiglu(gate, up, out)
-            .expect("lengths checked by the caller");
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_swiglu(gate, up, out) }
     }
 
-    /// GeGLU `out ← gelu_tanh(gate) ⊙ up` within the conformance bound. The default is the
-    /// scalar reference (exact `tanh`).
+    /// GeGLU `out ← gelu_tanh(gate) ⊙ up` within the conformance bound (`lanes::geglu`).
     fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        use kvcore::backend::Backend;
-        kvcore_scalar::Scalar
-            .geglu(gate, up, out)
-            .expect("lengths checked by the caller");
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_geglu(gate, up, out) }
     }
 
-    /// `Σ x_j²` in f32.
-    fn sum_squares(self, x: &[f32]) -> f32;
+    /// `Σ x_j²` in f32 (`lanes::dot`).
+    fn sum_squares(self, x: &[f32]) -> f32 {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_dot(x, x) }
+    }
 
     /// `out_j ← (x_j · r) · w_j`, two rounded products (as the scalar reference).
-    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]);
+    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_scale_mul(x, r, w, out) }
+    }
 
     /// `acc_j ← acc_j + x_j` (correctly rounded, so bit for bit the scalar result).
-    fn add(self, acc: &mut [f32], x: &[f32]);
-}
-
-/// [`Kernel::exp_sum`] with the scalar `exp` applied element by element in order, the
-/// sum left to right.
-pub(crate) fn exp_sum_with(x: &mut [f32], exp: impl Fn(f32) -> f32) -> PartStat {
-    if x.iter().any(|v| v.is_nan()) {
-        x.fill(f32::NAN);
-        return PartStat {
-            max: f32::NAN,
-            sum: f32::NAN,
-        };
+    fn add(self, acc: &mut [f32], x: &[f32]) {
+        // SAFETY: the token proves the features (see above).
+        unsafe { self.run_add(acc, x) }
     }
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max == f32::NEG_INFINITY {
-        x.fill(0.0);
-        return PartStat::EMPTY;
-    }
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - max);
-        sum += *v;
-    }
-    PartStat { max, sum }
 }

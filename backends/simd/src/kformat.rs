@@ -1,10 +1,10 @@
 //! The weight formats and the loops over their blocks, written once for every
 //! architecture.
 //!
-//! Each architecture implements [`Blocks`] on its kernel token: a few f32 lane operations
-//! and the microkernels that truly differ (decode one block or chunk of a format to f32
-//! lanes, the absolute maximum and rounding of the 8-bit quantiser, its own row loop for
-//! the 32-weight formats). The loops here — GEMV over rows and blocks, the plain formats'
+//! Each architecture implements [`Blocks`] on its kernel token, over its f32 lanes
+//! ([`F32Lanes`]), with the microkernels that truly differ (decode one block or chunk of
+//! a format to f32 lanes, the absolute maximum and rounding of the 8-bit quantiser, its
+//! own row loop for the 32-weight formats). The loops here — GEMV over rows and blocks, the plain formats'
 //! dot product, dequantize, the `Q8_0`/`Q8_K` activation quantiser — are generic over it
 //! and `#[inline(always)]`, so each is compiled inside the architecture's
 //! `#[target_feature]` entry point, one copy per architecture.
@@ -12,13 +12,14 @@
 //! The accumulation order of every loop is fixed here and is each architecture's
 //! previous one (the tests hold the SIMD paths to the scalar reference within bounds and
 //! the decoders and quantiser to it bit for bit):
-//! - plain formats (`F32`, `F16`, `BF16`): four vector accumulators over `4·LANES`
-//!   weights a step, then steps of 8 weights into the first `8 / LANES`, the four added
+//! - plain formats (`F32`, `F16`, `BF16`): four vector accumulators over `4·N`
+//!   weights a step, then steps of 8 weights into the first `8 / N`, the four added
 //!   pairwise, the lanes summed, the tail added one by one;
 //! - `Q5_0`, `Q4_K`, `Q6_K`: each 32-weight chunk decoded, vector `v` into accumulator
 //!   `v mod 4`, the four added pairwise and the lanes summed;
 //! - dequantize: every weight with the scalar decoder's roundings (`d·q`, then `+ m`).
 
+use crate::lanes::F32Lanes;
 use kvcore::backend::q8::Q8_MAX;
 use kvcore::backend::{DType, Q8Layout, QK, QK_K, Weights};
 
@@ -114,32 +115,15 @@ pub(crate) fn widen1<const FMT: u8>(b: &[u8]) -> f32 {
     }
 }
 
-/// An architecture's lane operations and block microkernels (module docs). Implemented
-/// on the architecture's kernel token, whose existence proves the CPU runs them; every
-/// method is `#[inline(always)]`, so the generic loops below compile inside the
-/// architecture's `#[target_feature]` entry points.
-pub(crate) trait Blocks: Copy {
-    /// `LANES` f32 lanes.
-    type F: Copy;
-    /// Lanes per vector.
-    const LANES: usize;
-    /// 32 weights as `32 / LANES` vectors, in order.
-    type Chunk: Copy + AsRef<[Self::F]>;
-    /// 8 weights as `8 / LANES` vectors, in order.
-    type Eight: Copy + AsRef<[Self::F]>;
-
-    fn zero(self) -> Self::F;
-    fn splat(self, v: f32) -> Self::F;
-    fn add(self, a: Self::F, b: Self::F) -> Self::F;
-    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
-    /// `acc + a·b`, fused where the architecture's GEMVs fuse it.
-    fn mul_add(self, acc: Self::F, a: Self::F, b: Self::F) -> Self::F;
-    /// `s[0..LANES]`.
-    fn load(self, s: &[f32]) -> Self::F;
-    /// `s[0..LANES] ← v`.
-    fn store(self, s: &mut [f32], v: Self::F);
-    /// The sum of the lanes, in the architecture's order.
-    fn hsum(self, v: Self::F) -> f32;
+/// An architecture's block microkernels (module docs), over its f32 lanes
+/// ([`F32Lanes`]). Implemented on the architecture's kernel token, whose existence proves
+/// the CPU runs them; every method is `#[inline(always)]`, so the generic loops below
+/// compile inside the architecture's `#[target_feature]` entry points.
+pub(crate) trait Blocks: F32Lanes {
+    /// 32 weights as `32 / N` vectors, in order.
+    type Chunk: Copy + AsRef<[Self::V]>;
+    /// 8 weights as `8 / N` vectors, in order.
+    type Eight: Copy + AsRef<[Self::V]>;
 
     /// Eight weights of plain format `FMT` from `b[0 .. 8·width]`, widened (exact).
     fn widen8<const FMT: u8>(self, b: &[u8]) -> Self::Eight;
@@ -166,6 +150,69 @@ pub(crate) trait Blocks: Copy {
     /// guarantees `|x_j·factor| ≤ 128`), returning `Σ q_j`.
     fn quantize16(self, x: &[f32], factor: f32, q: &mut [i8]) -> i32;
 }
+
+/// The loops of this module instantiated in one architecture's target features:
+/// `block_loops!(Token, #[target_feature(enable = "…")])` implements it (as
+/// `lanes::f32_loops!` does the f32 loops), and the `Kernel` trait's weight methods call
+/// these entry points.
+///
+/// # Safety (every method)
+/// The CPU runs the architecture's instructions: a token exists (see `F32Lanes`).
+pub(crate) trait BlockLoops: Blocks {
+    /// [`gemv`].
+    unsafe fn run_gemv(self, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]);
+    /// [`dequantize`].
+    unsafe fn run_dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]);
+    /// [`quantize`].
+    unsafe fn run_quantize(
+        self,
+        layout: Q8Layout,
+        x: &[f32],
+        scales: &mut [f32],
+        sums: &mut [i32],
+        values: &mut [i8],
+    );
+}
+
+/// `impl BlockLoops for $token`, every loop inlined into a method carrying `$attr` (the
+/// architecture's `#[target_feature]`, or nothing where the features are compiled in).
+macro_rules! block_loops {
+    ($token:ty $(, #[$attr:meta])*) => {
+        impl $crate::kformat::BlockLoops for $token {
+            $(#[$attr])*
+            unsafe fn run_gemv(
+                self,
+                w: &kvcore::backend::Weights<'_>,
+                x: &[f32],
+                sums: &[f32],
+                y: &mut [f32],
+            ) {
+                $crate::kformat::gemv(self, w, x, sums, y)
+            }
+            $(#[$attr])*
+            unsafe fn run_dequantize(
+                self,
+                dtype: kvcore::backend::DType,
+                bytes: &[u8],
+                out: &mut [f32],
+            ) {
+                $crate::kformat::dequantize(self, dtype, bytes, out)
+            }
+            $(#[$attr])*
+            unsafe fn run_quantize(
+                self,
+                layout: kvcore::backend::Q8Layout,
+                x: &[f32],
+                scales: &mut [f32],
+                sums: &mut [i32],
+                values: &mut [i8],
+            ) {
+                $crate::kformat::quantize(self, layout, x, scales, sums, values)
+            }
+        }
+    };
+}
+pub(crate) use block_loops;
 
 /// The shape checks every GEMV starts with (`x: [cols]`, `y: [rows]`): `w`'s row bytes,
 /// or `None` with `y` zeroed when the rows are empty.
@@ -224,7 +271,7 @@ pub(crate) fn gemv<L: Blocks>(l: L, w: &Weights<'_>, x: &[f32], sums: &[f32], y:
 fn dot_plain<L: Blocks, const FMT: u8>(l: L, row: &[u8], x: &[f32]) -> f32 {
     let wd = width::<FMT>();
     assert_eq!(row.len(), x.len() * wd);
-    let (n, lanes) = (x.len(), L::LANES);
+    let (n, lanes) = (x.len(), L::N);
     let mut acc = [l.zero(); 4];
     let mut i = 0;
     while i + 4 * lanes <= n {
@@ -279,7 +326,7 @@ fn dot_chunks<L: Blocks>(l: L, fmt: Format, row: &[u8], x: &[f32]) -> f32 {
     {
         for (c, xc) in xb.chunks_exact(QK).enumerate() {
             for (v, &w) in l.chunk(fmt, b, c).as_ref().iter().enumerate() {
-                acc[v % 4] = l.mul_add(acc[v % 4], w, l.load(&xc[L::LANES * v..]));
+                acc[v % 4] = l.mul_add(acc[v % 4], w, l.load(&xc[L::N * v..]));
             }
         }
     }
@@ -315,7 +362,7 @@ fn decode_plain<L: Blocks, const FMT: u8>(l: L, bytes: &[u8], out: &mut [f32]) {
     let mut bc = bytes.chunks_exact(8 * wd);
     for (o, b) in oc.by_ref().zip(bc.by_ref()) {
         for (k, &v) in l.widen8::<FMT>(b).as_ref().iter().enumerate() {
-            l.store(&mut o[L::LANES * k..], v);
+            l.store(&mut o[L::N * k..], v);
         }
     }
     for (o, b) in oc
@@ -342,7 +389,7 @@ fn decode_blocks<L: Blocks>(l: L, fmt: Block, bytes: &[u8], out: &mut [f32]) {
         for (k, &lane) in q.as_ref().iter().enumerate() {
             let w = l.mul(dv, lane);
             let w = if fmt == Block::Q4_1 { l.add(w, mv) } else { w };
-            l.store(&mut o[L::LANES * k..], w);
+            l.store(&mut o[L::N * k..], w);
         }
     }
 }
@@ -357,7 +404,7 @@ fn decode_chunks<L: Blocks>(l: L, fmt: Format, bytes: &[u8], out: &mut [f32]) {
     {
         for (c, oc) in ob.chunks_exact_mut(QK).enumerate() {
             for (v, &w) in l.chunk(fmt, b, c).as_ref().iter().enumerate() {
-                l.store(&mut oc[L::LANES * v..], w);
+                l.store(&mut oc[L::N * v..], w);
             }
         }
     }

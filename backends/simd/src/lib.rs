@@ -9,6 +9,8 @@
 //! Layout (one job per file, one folder per architecture):
 //! - `lib.rs`: [`Simd`], [`SimdPath`], feature detection and dispatch;
 //! - `kernel.rs`: the crate-private `Kernel` trait an instruction-set family implements;
+//! - `lanes.rs`: the f32 loops every family shares (dot, scores, weighted sums, softmax,
+//!   the GLUs, RMSNorm's parts, the residual add), written once over its lane operations;
 //! - `kformat.rs`: the formats the `kquant.rs` files decode (`Q5_0`, `Q4_K`, `Q6_K`);
 //! - `ops.rs`: the drivers (GEMV, GEMM panels, attention, RMSNorm), generic over the
 //!   kernel and so monomorphised per family;
@@ -43,6 +45,16 @@ mod kernel;
     all(target_arch = "wasm32", target_feature = "simd128")
 ))]
 mod kformat;
+// Without a SIMD family (wasm32 without SIMD128, other targets) no lanes instantiate it.
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )),
+    allow(dead_code)
+)]
+mod lanes;
 mod ops;
 mod sgemm;
 

@@ -1,6 +1,7 @@
 //! aarch64 kernels: Advanced SIMD (NEON), 4 f32 lanes per register.
 //!
-//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `dot.rs`: the f32 lanes of `crate::lanes`'s loops, and the loads and stores the
+//!   other kernels share;
 //! - `quant.rs`: the block microkernels of every weight format (decode a block to lanes,
 //!   the `Q8_0`/`Q4_*` row loop) as `kformat::Blocks`, whose generic loops make the GEMV,
 //!   the decoder and the 8-bit quantiser (`kquant.rs`: the chunk decoders of `Q5_0`,
@@ -21,8 +22,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::Kernel;
-use crate::kformat;
-use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{Q8Acts, Weights};
 
 /// Proof that this CPU runs NEON: only [`Neon::detect`] creates one.
 #[derive(Clone, Copy, Debug)]
@@ -41,78 +41,8 @@ impl Neon {
 // "neon")]` functions, and a `Neon` value exists only after `Neon::detect` found NEON at
 // run time. The callees check their slice lengths themselves.
 impl Kernel for Neon {
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        kformat::gemv(self, w, x, block_sums, y)
-    }
-
-    fn quantize_q8(
-        self,
-        layout: Q8Layout,
-        x: &[f32],
-        scales: &mut [f32],
-        sums: &mut [i32],
-        values: &mut [i8],
-    ) {
-        kformat::quantize(self, layout, x, scales, sums, values)
-    }
-
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         // SAFETY: NEON detected (see above).
         unsafe { q8::gemv(w, x, y) }
-    }
-
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        kformat::dequantize(self, dtype, bytes, out)
-    }
-
-    fn scores<'a>(
-        self,
-        q: &[f32],
-        keys: impl Iterator<Item = &'a [f32]>,
-        scale: f32,
-        scores: &mut [f32],
-    ) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::scores(q, keys, scale, scores) }
-    }
-
-    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::weighted_sum(p, values, out) }
-    }
-
-    fn exp_sum(self, x: &mut [f32]) -> PartStat {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::exp_sum(x) }
-    }
-
-    fn softmax(self, x: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::softmax(x) }
-    }
-
-    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::swiglu(gate, up, out) }
-    }
-
-    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::geglu(gate, up, out) }
-    }
-
-    fn sum_squares(self, x: &[f32]) -> f32 {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::dot(x, x) }
-    }
-
-    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::scale_mul(x, r, w, out) }
-    }
-
-    fn add(self, acc: &mut [f32], x: &[f32]) {
-        // SAFETY: NEON detected (see above).
-        unsafe { dot::add(acc, x) }
     }
 }

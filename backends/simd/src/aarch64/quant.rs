@@ -28,7 +28,7 @@
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
 use super::Neon;
-use super::dot::{load, store};
+use super::dot::load;
 use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
 use kvcore::backend::{QK, Weights};
 use std::arch::aarch64::*;
@@ -185,43 +185,9 @@ fn dot_blocks(fmt: Block, row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
 // "neon")]` functions, which a `Neon` value proves may run (`aarch64/mod.rs`); they check
 // their slice lengths themselves.
 impl Blocks for Neon {
-    type F = float32x4_t;
-    const LANES: usize = 4;
     type Chunk = [float32x4_t; 8];
     type Eight = [float32x4_t; 2];
 
-    #[inline(always)]
-    fn zero(self) -> float32x4_t {
-        unsafe { vdupq_n_f32(0.0) }
-    }
-    #[inline(always)]
-    fn splat(self, v: f32) -> float32x4_t {
-        unsafe { vdupq_n_f32(v) }
-    }
-    #[inline(always)]
-    fn add(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        unsafe { vaddq_f32(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        unsafe { vmulq_f32(a, b) }
-    }
-    #[inline(always)]
-    fn mul_add(self, acc: float32x4_t, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        unsafe { vfmaq_f32(acc, a, b) }
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> float32x4_t {
-        unsafe { load(s) }
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: float32x4_t) {
-        unsafe { store(s, v) }
-    }
-    #[inline(always)]
-    fn hsum(self, v: float32x4_t) -> f32 {
-        unsafe { vaddvq_f32(v) }
-    }
     #[inline(always)]
     fn widen8<const FMT: u8>(self, b: &[u8]) -> [float32x4_t; 2] {
         unsafe { widen8::<FMT>(b) }
@@ -253,3 +219,5 @@ impl Blocks for Neon {
         unsafe { super::q8::quantize16(x, factor, q) }
     }
 }
+
+crate::kformat::block_loops!(Neon);

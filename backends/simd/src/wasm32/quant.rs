@@ -41,7 +41,7 @@
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
 use super::Simd128;
-use super::dot::{hsum, load, mul_add, store, touch_next};
+use super::dot::{hsum, load, mul_add, touch_next};
 use crate::kformat::{Block, Blocks, F16, F32, Format, f16_at};
 use core::arch::wasm32::*;
 use kvcore::backend::{QK, Weights};
@@ -318,43 +318,9 @@ fn gemv_blocks_t(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [
 }
 
 impl Blocks for Simd128 {
-    type F = v128;
-    const LANES: usize = 4;
     type Chunk = [v128; 8];
     type Eight = [v128; 2];
 
-    #[inline(always)]
-    fn zero(self) -> v128 {
-        f32x4_splat(0.0)
-    }
-    #[inline(always)]
-    fn splat(self, v: f32) -> v128 {
-        f32x4_splat(v)
-    }
-    #[inline(always)]
-    fn add(self, a: v128, b: v128) -> v128 {
-        f32x4_add(a, b)
-    }
-    #[inline(always)]
-    fn mul(self, a: v128, b: v128) -> v128 {
-        f32x4_mul(a, b)
-    }
-    #[inline(always)]
-    fn mul_add(self, acc: v128, a: v128, b: v128) -> v128 {
-        mul_add(acc, a, b)
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> v128 {
-        load(s)
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: v128) {
-        store(s, v)
-    }
-    #[inline(always)]
-    fn hsum(self, v: v128) -> f32 {
-        hsum(v)
-    }
     #[inline(always)]
     fn widen8<const FMT: u8>(self, b: &[u8]) -> [v128; 2] {
         widen8::<FMT>(b)
@@ -384,3 +350,5 @@ impl Blocks for Simd128 {
         super::q8::quantize16(x, factor, q)
     }
 }
+
+crate::kformat::block_loops!(Simd128);

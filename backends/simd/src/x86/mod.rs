@@ -1,6 +1,7 @@
 //! x86_64 kernels: AVX2 + FMA, with F16C for `F16` weights.
 //!
-//! - `dot.rs`: f32 vector kernels (dot products, axpy, sums of squares, element-wise);
+//! - `dot.rs`: the f32 lanes of `crate::lanes`'s loops, the loads, stores and horizontal
+//!   sum the other kernels share, and the few-token GEMM on f32 rows;
 //! - `quant.rs`: the block microkernels of every weight format (decode a block to lanes,
 //!   the `Q8_0`/`Q4_*` row loop) as `kformat::Blocks`, whose generic loops make the GEMV,
 //!   the decoder and the 8-bit quantiser (`kquant.rs`: the chunk decoders of `Q5_0`,
@@ -27,7 +28,7 @@ mod q8;
 mod quant;
 
 use crate::kernel::{HeadRows, Kernel};
-use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
+use kvcore::backend::{Q8Acts, Weights};
 
 pub(crate) use avx512::Avx512;
 
@@ -64,23 +65,6 @@ impl Avx2 {
 // value exists only after `Avx2::detect` or `Avx512::detect` found all three at run
 // time. The callees check their slice lengths themselves.
 impl Kernel for Avx2 {
-    fn gemv(self, w: &Weights<'_>, x: &[f32], block_sums: &[f32], y: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { quant::gemv(self, w, x, block_sums, y) }
-    }
-
-    fn quantize_q8(
-        self,
-        layout: Q8Layout,
-        x: &[f32],
-        scales: &mut [f32],
-        sums: &mut [i32],
-        values: &mut [i8],
-    ) {
-        // SAFETY: features detected (see above).
-        unsafe { q8::quantize(self, layout, x, scales, sums, values) }
-    }
-
     fn gemv_q8(self, w: &Weights<'_>, x: &Q8Acts, y: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { q8::gemv(w, x, y) }
@@ -89,22 +73,6 @@ impl Kernel for Avx2 {
     fn gemv_q8_tokens(self, w: &Weights<'_>, x: &[Q8Acts], y: &mut [f32], stride: usize) {
         // SAFETY: features detected (see above).
         unsafe { q8::gemv_tokens(w, x, y, stride) }
-    }
-
-    fn dequantize(self, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { quant::dequantize(self, dtype, bytes, out) }
-    }
-
-    fn scores<'a>(
-        self,
-        q: &[f32],
-        keys: impl Iterator<Item = &'a [f32]>,
-        scale: f32,
-        scores: &mut [f32],
-    ) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::scores(q, keys, scale, scores) }
     }
 
     fn gemm_rows(self, w: &[f32], x: &[f32], cols: usize, y: &mut [f32], stride: usize) {
@@ -120,11 +88,6 @@ impl Kernel for Avx2 {
     fn prefetch(self, bytes: &[u8]) {
         // SAFETY: features detected (see above).
         unsafe { dot::prefetch_l2(bytes) }
-    }
-
-    fn weighted_sum<'a>(self, p: &[f32], values: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::weighted_sum(p, values, out) }
     }
 
     fn scores_rows(
@@ -152,40 +115,5 @@ impl Kernel for Avx2 {
     fn unrotate(self, o: &mut [f32]) {
         // SAFETY: features detected (see above).
         unsafe { attn::unrotate(o) }
-    }
-
-    fn exp_sum(self, x: &mut [f32]) -> PartStat {
-        // SAFETY: features detected (see above).
-        unsafe { dot::exp_sum(x) }
-    }
-
-    fn softmax(self, x: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::softmax(x) }
-    }
-
-    fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::swiglu(gate, up, out) }
-    }
-
-    fn geglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::geglu(gate, up, out) }
-    }
-
-    fn sum_squares(self, x: &[f32]) -> f32 {
-        // SAFETY: features detected (see above).
-        unsafe { dot::dot(x, x) }
-    }
-
-    fn scale_mul(self, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::scale_mul(x, r, w, out) }
-    }
-
-    fn add(self, acc: &mut [f32], x: &[f32]) {
-        // SAFETY: features detected (see above).
-        unsafe { dot::add(acc, x) }
     }
 }

@@ -25,10 +25,9 @@
 //! integer ports, not by the FMA latency (measured: a two-accumulator version ran at
 //! 0.75× on `[1536, 576]` `Q4_1`).
 
-use super::Avx2;
 use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
 use super::kquant::f16_at;
-use crate::kformat::{self, gemv_start};
+use crate::kformat::gemv_start;
 use kvcore::backend::{DType, Q8Acts, Q8Layout, QK, Weights, q4_k_scale_min};
 use std::arch::x86_64::*;
 
@@ -50,23 +49,6 @@ fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
     _mm_cvtsi128_si32(s)
-}
-
-/// Quantises `x` in `layout` into `(scales, sums, values)`, bit for bit as
-/// `Q8Acts::quantize`: [`kformat::quantize`] on the AVX2 microkernels.
-///
-/// # Panics
-/// If the lengths are not those `Q8Acts::fill` sizes for `layout` and `x.len()`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize(
-    k: Avx2,
-    layout: Q8Layout,
-    x: &[f32],
-    scales: &mut [f32],
-    sums: &mut [i32],
-    values: &mut [i8],
-) {
-    kformat::quantize(k, layout, x, scales, sums, values);
 }
 
 /// Whether none of `x` (a multiple of 8 values) is NaN or infinite, and the largest `|x|`

@@ -30,7 +30,7 @@
 //!
 //! `Q5_0`, `Q4_K` and `Q6_K` are decoded and multiplied in `kquant.rs`.
 
-use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row, store};
+use super::dot::{PREFETCH_ROWS, hsum, load, prefetch_row};
 use super::{Avx2, Avx512};
 use crate::kformat::{self, Block, Blocks, F16, F32, Format, width};
 use kvcore::backend::{DType, QK, Weights};
@@ -264,15 +264,6 @@ fn dot_blocks<const B: u8>(row: &[u8], x: &[f32], sums2: &[f32]) -> f32 {
     hsum(_mm256_add_ps(_mm256_add_ps(even, odd), offsets))
 }
 
-/// `y ← W x` for every weight format: [`kformat::gemv`] on the AVX2 blocks.
-///
-/// # Panics
-/// If the shapes do not fit (`x: [cols]`, `y: [rows]`, `sums: [cols / 32]` for `Q4_1`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemv(k: Avx2, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
-    kformat::gemv(k, w, x, sums, y);
-}
-
 /// `y ← W x` for `w` of `fmt`, one row at a time ([`dot_blocks`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemv_blocks(fmt: Block, w: &Weights<'_>, x: &[f32], sums: &[f32], y: &mut [f32]) {
@@ -429,56 +420,12 @@ fn gemm_blocks_n<const T: usize>(
     }
 }
 
-/// Decode `out.len()` weights of `dtype` from `bytes`, bit for bit as the scalar decoder:
-/// [`kformat::dequantize`] on the AVX2 blocks.
-///
-/// # Panics
-/// If `bytes` is not exactly `dtype.row_bytes(out.len())` long.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dequantize(k: Avx2, dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    kformat::dequantize(k, dtype, bytes, out);
-}
-
 // SAFETY (every `unsafe` block below): the callees need AVX2, FMA and F16C, which an
 // `Avx2` value proves (`x86/mod.rs`); they check their slice lengths themselves.
 impl Blocks for Avx2 {
-    type F = __m256;
-    const LANES: usize = 8;
     type Chunk = [__m256; 4];
     type Eight = [__m256; 1];
 
-    #[inline(always)]
-    fn zero(self) -> __m256 {
-        unsafe { _mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    fn splat(self, v: f32) -> __m256 {
-        unsafe { _mm256_set1_ps(v) }
-    }
-    #[inline(always)]
-    fn add(self, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul_add(self, acc: __m256, a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_fmadd_ps(a, b, acc) }
-    }
-    #[inline(always)]
-    fn load(self, s: &[f32]) -> __m256 {
-        unsafe { load(s) }
-    }
-    #[inline(always)]
-    fn store(self, s: &mut [f32], v: __m256) {
-        unsafe { store(s, v) }
-    }
-    #[inline(always)]
-    fn hsum(self, v: __m256) -> f32 {
-        unsafe { hsum(v) }
-    }
     #[inline(always)]
     fn widen8<const FMT: u8>(self, b: &[u8]) -> [__m256; 1] {
         [unsafe { widen8::<FMT>(b) }]
@@ -516,9 +463,12 @@ impl Blocks for Avx2 {
     }
 }
 
+kformat::block_loops!(Avx2, #[target_feature(enable = "avx2,fma,f16c")]);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kformat::BlockLoops;
     use crate::x86::dot::gemm_rows;
 
     /// `gemm_blocks` bit for bit the decoded rows through `gemm_rows` (its docs' claim),
@@ -553,7 +503,7 @@ mod tests {
                 let mut decoded = vec![0.0f32; rows * cols];
                 // SAFETY (every block below): AVX2, FMA and F16C detected by the caller,
                 // AVX-512F by whoever made `wide`.
-                unsafe { dequantize(avx2, dtype, &bytes, &mut decoded) };
+                unsafe { avx2.run_dequantize(dtype, &bytes, &mut decoded) };
                 for n in 1..=9 {
                     let x: Vec<f32> = (0..n * cols).map(|i| val(i, 2)).collect();
                     let stride = rows + 2;
