@@ -541,48 +541,50 @@ def kv_options(p):
     p.add_argument("--flash-attn", choices=["on", "off"], default="off")
 
 
+def command(sub, name, func):
+    """The subcommand `name`, run by `func`, with its `model` argument."""
+    c = sub.add_parser(name)
+    c.add_argument("model")
+    c.set_defaults(func=func)
+    return c
+
+
+def run_options(p, ctx=True):
+    """The options of a model run: threads, the context (when `ctx`) and the KV cache."""
+    p.add_argument("-t", "--threads", type=int, default=2)
+    if ctx:
+        p.add_argument("-c", "--ctx", type=int, required=True)
+    kv_options(p)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("tokenize")
-    t.add_argument("model")
+    t = command(sub, "tokenize", cmd_tokenize)
     t.add_argument("text")
-    t.set_defaults(func=cmd_tokenize)
 
-    g = sub.add_parser("generate")
-    g.add_argument("model")
+    g = command(sub, "generate", cmd_generate)
     g.add_argument("--ids", required=True, help="prompt token ids, a JSON array")
     g.add_argument("-n", type=int, required=True)
-    g.add_argument("-t", "--threads", type=int, default=2)
-    g.add_argument("-c", "--ctx", type=int, required=True)
-    kv_options(g)
-    g.set_defaults(func=cmd_generate)
+    run_options(g)
 
-    b = sub.add_parser("bench")
-    b.add_argument("model")
+    b = command(sub, "bench", cmd_bench)
     b.add_argument("-p", "--pp", type=int_list, default=[64])
     b.add_argument("-n", "--tg", type=int_list, default=[128])
     b.add_argument("-d", "--depth", type=int_list, default=[0])
     b.add_argument("-r", "--reps", type=int, default=5)
-    b.add_argument("-t", "--threads", type=int, default=2)
-    b.add_argument("-c", "--ctx", type=int, required=True)
-    kv_options(b)
-    b.set_defaults(func=cmd_bench)
+    run_options(b)
 
-    bt = sub.add_parser("batch")
-    bt.add_argument("model")
+    bt = command(sub, "batch", cmd_batch)
     bt.add_argument("-s", "--seqs", type=int_list, default=[1, 2, 4, 8, 16])
     bt.add_argument("-d", "--depth", type=int, default=64)
     bt.add_argument("-n", "--tg", type=int, default=32)
     bt.add_argument("-r", "--reps", type=int, default=5)
-    bt.add_argument("-t", "--threads", type=int, default=2)
     bt.add_argument("--unified", action="store_true")
-    kv_options(bt)
-    bt.set_defaults(func=cmd_batch)
+    run_options(bt, ctx=False)
 
-    k = sub.add_parser("kld")
-    k.add_argument("model")
+    k = command(sub, "kld", cmd_kld)
     k.add_argument("--ids-file", required=True, help="token ids, a JSON array")
     k.add_argument("-c", "--ctx", type=int, required=True, help="chunk size")
     k.add_argument("--chunks", type=int, help="chunks scored (default: all)")
@@ -591,16 +593,13 @@ def main():
     bo = k.add_mutually_exclusive_group()
     bo.add_argument("--base-out", help="write the scored log-probabilities (.npy)")
     bo.add_argument("--base", help="compare against a --base-out file")
-    k.set_defaults(func=cmd_kld)
 
-    r = sub.add_parser("reference-error")
-    r.add_argument("model")
+    r = command(sub, "reference-error", cmd_reference_error)
     r.add_argument(
         "--reference",
         default="../shared/reference/smollm2-135m-instruct-q4_1/logits.json",
     )
     r.add_argument("-t", "--threads", type=int, default=2)
-    r.set_defaults(func=cmd_reference_error)
 
     a = p.parse_args()
     a.func(a)

@@ -38,30 +38,36 @@ impl BackendChoice {
     }
 }
 
-impl FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "scalar" => Ok(BackendChoice::Scalar),
-            "simd" => Ok(BackendChoice::Simd),
-            "rayon" => Ok(BackendChoice::Rayon),
-            other => Err(format!(
-                "unknown backend {other:?}; valid backends: {}",
-                BackendChoice::NAMES
-            )),
+/// `FromStr` and `Display` for the choice `$ty` from one table of its variants' names;
+/// an unknown name's error names `$what` and the valid names ([`unknown`]).
+macro_rules! named {
+    ($ty:ident, $what:literal: $($variant:ident = $name:literal),+ $(,)?) => {
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    other => Err(unknown($what, other, &[$($name),+])),
+                }
+            }
         }
-    }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self {
+                    $($ty::$variant => $name,)+
+                })
+            }
+        }
+    };
 }
 
-impl fmt::Display for BackendChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendChoice::Scalar => "scalar",
-            BackendChoice::Simd => "simd",
-            BackendChoice::Rayon => "rayon",
-        })
-    }
+/// The error for the unknown `name` of a `what`, listing the valid `names`.
+fn unknown(what: &str, name: &str, names: &[&str]) -> String {
+    format!("unknown {what} {name:?}; valid: {}", names.join(", "))
 }
+
+named!(BackendChoice, "backend": Scalar = "scalar", Simd = "simd", Rayon = "rayon");
 
 /// A KV store by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,25 +79,7 @@ pub enum KvChoice {
     Dense,
 }
 
-impl FromStr for KvChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "grow" => Ok(KvChoice::Grow),
-            "dense" => Ok(KvChoice::Dense),
-            other => Err(format!("unknown KV store {other:?}; valid: grow, dense")),
-        }
-    }
-}
-
-impl fmt::Display for KvChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KvChoice::Grow => "grow",
-            KvChoice::Dense => "dense",
-        })
-    }
-}
+named!(KvChoice, "KV store": Grow = "grow", Dense = "dense");
 
 impl KvChoice {
     /// An empty store of this kind for `model`, holding up to `max_ctx` positions, with
@@ -120,7 +108,7 @@ impl KvChoice {
 pub fn parse_kernels(s: &str) -> Result<SimdPath, String> {
     SimdPath::from_name(s).ok_or_else(|| {
         let names: Vec<&str> = SimdPath::ALL.iter().map(|p| p.name()).collect();
-        format!("unknown kernels {s:?}; valid: {}", names.join(", "))
+        unknown("kernels", s, &names)
     })
 }
 
@@ -144,7 +132,7 @@ pub fn parse_activations(s: &str) -> Result<Activations, String> {
     match s {
         "f32" => Ok(Activations::F32),
         "q8" => Ok(Activations::Q8),
-        other => Err(format!("unknown activations {other:?}; valid: f32, q8")),
+        other => Err(unknown("activations", other, &["f32", "q8"])),
     }
 }
 
@@ -156,7 +144,7 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
         .find(|t| t.name() == s)
         .ok_or_else(|| {
             let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
-            format!("unknown KV type {s:?}; valid: {}", names.join(", "))
+            unknown("KV type", s, &names)
         })
 }
 

@@ -37,6 +37,16 @@
 //! `(d·scale)·(q − 32)` can need 25 bits and then rounds once, the same in any decoder
 //! that forms `d·scale` first (as llama.cpp and gguf-py do).
 //!
+//! ## The reference encoders
+//! [`BlockFormat::encode`] reproduces gguf-py's numpy quantisers (`quants.quantize`) for
+//! the float and legacy formats, including their exact order of operations and
+//! intermediate precisions (each impl's docs give its rule), checked byte for byte
+//! against `shared/reference/quant-blocks.json` (which has no `Q5_0` vectors). A block
+//! scale is computed in f32 and rounded to f16 (ties to even) only when stored; its
+//! reciprocal is 0 for a zero scale (numpy's `np.where(d == 0, 0, 1 / d)`). gguf-py has
+//! no K-format encoder; the ones here round to nearest without searching for the best
+//! scales (unlike llama.cpp's), for test data only.
+//!
 //! ## One place from tag to type
 //! [`DType`] stays the run-time tag (what a GGUF file or a [`Weights`] view carries);
 //! [`DType::visit`] is the one place each tag meets its type, so a loop written once over
@@ -69,6 +79,10 @@ pub trait BlockFormat: Copy + Send + Sync + 'static {
 
     /// Decodes one block into `out: [BLOCK]` (see the module docs for the numerics).
     fn decode(block: &Self::Block, out: &mut [f32]);
+
+    /// Encodes `values: [BLOCK]` as one block: the reference quantiser (see the module
+    /// docs and each impl).
+    fn encode(values: &[f32]) -> Self::Block;
 
     /// The blocks of `bytes`, in place.
     ///
@@ -251,6 +265,28 @@ pub fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     dtype.visit(Decode { bytes, out });
 }
 
+/// The bytes of `values` encoded as `dtype`, block after block ([`BlockFormat::encode`]).
+///
+/// # Panics
+/// If `values.len()` is not a whole number of `dtype` blocks.
+pub fn encode_row(dtype: DType, values: &[f32]) -> Vec<u8> {
+    struct Encode<'a>(&'a [f32]);
+    impl FormatFn for Encode<'_> {
+        type Output = Vec<u8>;
+        fn call<F: BlockFormat>(self) -> Vec<u8> {
+            assert!(
+                self.0.len().is_multiple_of(F::BLOCK),
+                "encode_row: {} values are not whole {} blocks",
+                self.0.len(),
+                F::NAME
+            );
+            let blocks: Vec<F::Block> = self.0.chunks_exact(F::BLOCK).map(F::encode).collect();
+            bytemuck::cast_slice(&blocks).to_vec()
+        }
+    }
+    dtype.visit(Encode(values))
+}
+
 /// The reference dot product of the stored weights `bytes` of `dtype` with
 /// `x: [weights]` ([`BlockFormat::dot`]).
 ///
@@ -278,6 +314,36 @@ fn f16_le(b: [u8; 2]) -> f32 {
     f16::from_le_bytes(b).to_f32()
 }
 
+/// `v` rounded to f16 (ties to even), little-endian.
+fn f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_le_bytes()
+}
+
+/// The reciprocal of a block scale, or 0 for a zero scale (numpy's
+/// `np.where(d == 0, 0, 1 / d)`), in f32.
+fn inverse(d: f32) -> f32 {
+    if d == 0.0 { 0.0 } else { 1.0 / d }
+}
+
+/// The first value of largest magnitude, keeping its sign (numpy's `argmax` of `|x|`).
+fn signed_absmax(values: &[f32]) -> f32 {
+    values
+        .iter()
+        .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m })
+}
+
+/// The nearest integer to `v` (ties away from zero), clamped to `lo..=hi`.
+fn nearest(v: f32, lo: i32, hi: i32) -> i32 {
+    (v.round() as i32).clamp(lo, hi)
+}
+
+/// Quantises 32 weights with `q` and packs weight `j` into the low nibble and weight
+/// `j + 16` into the high nibble of byte `j`.
+fn pack_nibbles(values: &[f32], q: impl Fn(f32) -> u8) -> [u8; QK / 2] {
+    let (lo, hi) = values.split_at(QK / 2);
+    std::array::from_fn(|j| q(lo[j]) | (q(hi[j]) << 4))
+}
+
 // ---------------------------------------------------------------------------------------
 // The plain float formats: blocks of one value.
 
@@ -296,6 +362,11 @@ impl BlockFormat for F32 {
     fn decode(block: &[u8; 4], out: &mut [f32]) {
         out[0] = f32::from_le_bytes(*block);
     }
+
+    /// The little-endian bytes.
+    fn encode(values: &[f32]) -> [u8; 4] {
+        values[0].to_le_bytes()
+    }
 }
 
 /// 16-bit IEEE floats.
@@ -312,6 +383,11 @@ impl BlockFormat for F16 {
     #[inline]
     fn decode(block: &[u8; 2], out: &mut [f32]) {
         out[0] = f16_le(*block);
+    }
+
+    /// Round to nearest, ties to even (numpy `astype(float16)`).
+    fn encode(values: &[f32]) -> [u8; 2] {
+        f16_bytes(values[0])
     }
 }
 
@@ -330,6 +406,13 @@ impl BlockFormat for BF16 {
     #[inline]
     fn decode(block: &[u8; 2], out: &mut [f32]) {
         out[0] = f32::from_bits(u32::from(u16::from_le_bytes(*block)) << 16);
+    }
+
+    /// ggml's `fp32_to_bf16`, as `half::bf16::from_f32` does it: NaN forced quiet
+    /// (keeping sign and top payload bits), everything else rounded to nearest, ties to
+    /// even, on the bit pattern (finite values past the bf16 range round to infinity).
+    fn encode(values: &[f32]) -> [u8; 2] {
+        half::bf16::from_f32(values[0]).to_le_bytes()
     }
 }
 
@@ -365,6 +448,17 @@ impl BlockFormat for Q8_0 {
         let d = f16_le(b.d);
         for (w, &q) in out.iter_mut().zip(&b.qs) {
             *w = d * f32::from(q);
+        }
+    }
+
+    /// `d = max|x| / 127`, `q = round(x · (1/d))` with ties away from zero (gguf-py's
+    /// `np_roundf`; `f32::round` rounds so), so `|q| ≤ 127`.
+    fn encode(values: &[f32]) -> BlockQ8_0 {
+        let d = values.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+        let id = inverse(d);
+        BlockQ8_0 {
+            d: f16_bytes(d),
+            qs: std::array::from_fn(|j| (values[j] * id).round() as i8),
         }
     }
 }
@@ -408,6 +502,20 @@ impl BlockFormat for Q4_0 {
         for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b.qs) {
             *l = d * f32::from((q & 15) as i8 - 8);
             *h = d * f32::from((q >> 4) as i8 - 8);
+        }
+    }
+
+    /// `d = x_max / −8` where `x_max` is the first value of largest magnitude (keeping
+    /// its sign); `q = trunc(f32(f64(x)·f64(1/d) + 8.5))` clipped to `0..=15`. gguf-py
+    /// computes the sum in f64 ("Q4_0's reference rounding is cursed and depends on FMA")
+    /// and rounds it to f32 before truncating: both steps are kept.
+    fn encode(values: &[f32]) -> BlockQ4_0 {
+        let d = signed_absmax(values) / -8.0;
+        let id = f64::from(inverse(d));
+        let q = |x: f32| (((f64::from(x) * id + 8.5) as f32).trunc() as u8).min(15);
+        BlockQ4_0 {
+            d: f16_bytes(d),
+            qs: pack_nibbles(values, q),
         }
     }
 }
@@ -456,6 +564,21 @@ impl BlockFormat for Q4_1 {
             *h = d * f32::from(q >> 4) + m;
         }
     }
+
+    /// `d = (max − min) / 15`, `m = min`, `q = trunc((x − min)·(1/d) + 0.5)` in f32,
+    /// clipped to `0..=15`.
+    fn encode(values: &[f32]) -> BlockQ4_1 {
+        let max = values.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let min = values.iter().fold(f32::INFINITY, |m, &x| m.min(x));
+        let d = (max - min) / 15.0;
+        let id = inverse(d);
+        let q = |x: f32| (((x - min) * id + 0.5).trunc() as u8).min(15);
+        BlockQ4_1 {
+            d: f16_bytes(d),
+            m: f16_bytes(min),
+            qs: pack_nibbles(values, q),
+        }
+    }
 }
 
 impl QuantFormat for Q4_1 {
@@ -501,6 +624,23 @@ impl BlockFormat for Q5_0 {
             let bit = |k: usize| ((qh >> k) as u8 & 1) << 4;
             *l = d * f32::from(((q & 15) | bit(j)) as i8 - 16);
             *h = d * f32::from(((q >> 4) | bit(j + 16)) as i8 - 16);
+        }
+    }
+
+    /// `Q4_0`'s rule with 16 levels a side: `d = x_max / −16`,
+    /// `q = trunc(f32(f64(x)·f64(1/d) + 16.5))` clipped to `0..=31`.
+    fn encode(values: &[f32]) -> BlockQ5_0 {
+        let d = signed_absmax(values) / -16.0;
+        let id = f64::from(inverse(d));
+        let q = |x: f32| (((f64::from(x) * id + 16.5) as f32).trunc() as u8).min(31);
+        let qh = values
+            .iter()
+            .enumerate()
+            .fold(0u32, |h, (j, &x)| h | u32::from(q(x) >> 4) << j);
+        BlockQ5_0 {
+            d: f16_bytes(d),
+            qh: qh.to_le_bytes(),
+            qs: pack_nibbles(values, |x| q(x) & 15),
         }
     }
 }
@@ -603,6 +743,50 @@ impl BlockFormat for Q4_K {
             }
         }
     }
+
+    /// Round to nearest without a search: sub-block `s` spans `[min_s, max_s]` with
+    /// `min_s ≤ 0`; its scale is rounded up, `sc_s = ⌈r_s / d⌉` with
+    /// `r_s = (max_s − min_s + dmin) / 15` and `d = max_s r_s / 63`, and its minimum
+    /// `m_s = ⌈−min_s / dmin⌉` with `dmin = max_s(−min_s) / 63` (`d`, `dmin` as stored in
+    /// f16), so every weight lies in range and is within half a step `d·sc_s` of its value
+    /// (up to the f16 rounding of the scales).
+    fn encode(values: &[f32]) -> BlockQ4_K {
+        let subs: Vec<(f32, f32)> = values
+            .chunks_exact(32)
+            .map(|s| {
+                let lo = s.iter().fold(0.0f32, |m, &x| m.min(x));
+                let hi = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                (lo, hi)
+            })
+            .collect();
+        let dmin = f16::from_f32(subs.iter().fold(0.0f32, |m, s| m.max(-s.0)) / 63.0).to_f32();
+        let range = |(lo, hi): (f32, f32)| (hi - lo + dmin) / 15.0;
+        let d = f16::from_f32(subs.iter().fold(0.0f32, |m, &s| m.max(range(s))) / 63.0).to_f32();
+        let mut b = BlockQ4_K {
+            d: f16_bytes(d),
+            dmin: f16_bytes(dmin),
+            scales: [0; 12],
+            qs: [0; QK_K / 2],
+        };
+        for (s, (&(lo, hi), x)) in subs.iter().zip(values.chunks_exact(32)).enumerate() {
+            let sc = (range((lo, hi)) * inverse(d)).ceil().min(63.0) as u8;
+            let m = (-lo * inverse(dmin)).ceil().min(63.0) as u8;
+            if s < 4 {
+                b.scales[s] = sc;
+                b.scales[s + 4] = m;
+            } else {
+                b.scales[s + 4] = (sc & 15) | (m & 15) << 4;
+                b.scales[s - 4] |= (sc >> 4) << 6;
+                b.scales[s] |= (m >> 4) << 6;
+            }
+            let (step, offset) = (d * f32::from(sc), dmin * f32::from(m));
+            for (j, &x) in x.iter().enumerate() {
+                let q = nearest((x + offset) * inverse(step), 0, 15) as u8;
+                b.qs[32 * (s / 2) + j] |= q << (4 * (s % 2));
+            }
+        }
+        b
+    }
 }
 
 impl QuantFormat for Q4_K {
@@ -691,6 +875,41 @@ impl BlockFormat for Q6_K {
                 }
             }
         }
+    }
+
+    /// Round to nearest without a search: sub-block `s` (16 weights) needs the step
+    /// `r_s = max|x| / 31`; `d = max_s r_s / 127` (stored in f16) and
+    /// `scale_s = ⌈r_s / d⌉`, so `q = round(x / (d·scale_s)) + 32` stays in `0..64`.
+    fn encode(values: &[f32]) -> BlockQ6_K {
+        let steps: Vec<f32> = values
+            .chunks_exact(16)
+            .map(|s| s.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 31.0)
+            .collect();
+        let d = f16::from_f32(steps.iter().fold(0.0f32, |m, &r| m.max(r)) / 127.0).to_f32();
+        let mut b = BlockQ6_K {
+            ql: [0; QK_K / 2],
+            qh: [0; QK_K / 4],
+            scales: std::array::from_fn(|s| (steps[s] * inverse(d)).ceil().min(127.0) as i8),
+            d: f16_bytes(d),
+        };
+        let q: Vec<u8> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let step = d * f32::from(b.scales[i / 16]);
+                (nearest(x * inverse(step), -32, 31) + 32) as u8
+            })
+            .collect();
+        for n in 0..2 {
+            for l in 0..32 {
+                let at = |k: usize| q[128 * n + 32 * k + l];
+                b.ql[64 * n + l] = (at(0) & 15) | (at(2) & 15) << 4;
+                b.ql[64 * n + l + 32] = (at(1) & 15) | (at(3) & 15) << 4;
+                b.qh[32 * n + l] =
+                    (at(0) >> 4) | (at(1) >> 4) << 2 | (at(2) >> 4) << 4 | (at(3) >> 4) << 6;
+            }
+        }
+        b
     }
 }
 

@@ -128,6 +128,27 @@ pub mod check {
         }
     }
 
+    /// The number of rows of `width` elements in `len`: [`ShapeError::Geometry`] (`empty`)
+    /// for a zero width, [`ShapeError::NotMultiple`] (`what`) unless they divide `len`.
+    fn rows(
+        empty: &'static str,
+        what: &'static str,
+        len: usize,
+        width: usize,
+    ) -> Result<usize, ShapeError> {
+        if width == 0 {
+            return Err(ShapeError::Geometry(empty));
+        }
+        if !len.is_multiple_of(width) {
+            return Err(ShapeError::NotMultiple {
+                what,
+                len,
+                multiple: width,
+            });
+        }
+        Ok(len / width)
+    }
+
     /// `x: [cols]`, `y: [rows]`.
     pub fn gemv(w: &Weights<'_>, x: &[f32], y: &[f32]) -> Result<(), ShapeError> {
         len("gemv x", x.len(), w.cols())?;
@@ -176,17 +197,7 @@ pub mod check {
 
     /// `x: [n, cols]`, `y: [n, rows]`; returns `n`.
     pub fn gemm(w: &Weights<'_>, x: &[f32], y: &[f32]) -> Result<usize, ShapeError> {
-        if w.cols() == 0 {
-            return Err(ShapeError::Geometry("gemm with zero columns"));
-        }
-        if !x.len().is_multiple_of(w.cols()) {
-            return Err(ShapeError::NotMultiple {
-                what: "gemm x",
-                len: x.len(),
-                multiple: w.cols(),
-            });
-        }
-        let n = x.len() / w.cols();
+        let n = rows("gemm with zero columns", "gemm x", x.len(), w.cols())?;
         let expected = n
             .checked_mul(w.rows())
             .ok_or(ShapeError::Overflow { what: "gemm y" })?;
@@ -276,16 +287,12 @@ pub mod check {
 
     /// `x`, `out`: `[n, d]`, `weight: [d]`.
     pub fn rms_norm(x: &[f32], weight: &[f32], out: &[f32]) -> Result<(), ShapeError> {
-        if weight.is_empty() {
-            return Err(ShapeError::Geometry("rms_norm weight is empty"));
-        }
-        if !x.len().is_multiple_of(weight.len()) {
-            return Err(ShapeError::NotMultiple {
-                what: "rms_norm x",
-                len: x.len(),
-                multiple: weight.len(),
-            });
-        }
+        rows(
+            "rms_norm weight is empty",
+            "rms_norm x",
+            x.len(),
+            weight.len(),
+        )?;
         len("rms_norm out", out.len(), x.len())
     }
 

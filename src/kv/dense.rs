@@ -7,7 +7,6 @@
 //! append that replaces committed rows is open, the copy of those rows kept for its
 //! rollback). The plainest store: every other store is tested against it.
 
-use std::fmt;
 use std::sync::Arc;
 
 use super::rows::{Rows, forward_store};
@@ -16,6 +15,7 @@ use super::{AllocGate, KvError, KvGeometry, KvType};
 /// The reference KV store: every position up to `max_ctx` allocated and zero-filled by
 /// [`DenseKv::new`]. It allocates again only for the rollback copy of an append that
 /// replaces committed rows, and to fork.
+#[derive(Debug)]
 pub struct DenseKv(Rows);
 
 impl DenseKv {
@@ -48,12 +48,6 @@ impl DenseKv {
     /// all. Forks inherit the gate.
     pub fn set_alloc_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
         self.0.set_gate(gate);
-    }
-}
-
-impl fmt::Debug for DenseKv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("DenseKv").field(&self.0).finish()
     }
 }
 

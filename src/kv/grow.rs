@@ -7,7 +7,6 @@
 //! exactly `n_layers · capacity · (K row bytes + V row bytes)` outside an open append
 //! (`2 · n_layers · capacity · kv_dim · 4` for f32; rows in any element type, `elem.rs`).
 
-use std::fmt;
 use std::sync::Arc;
 
 use super::rows::{Rows, forward_store};
@@ -19,6 +18,7 @@ use super::{AllocGate, KvError, KvGeometry, KvType};
 /// Starts with `min(initial, max_ctx)` slots per layer (`initial` defaults to
 /// [`GrowKv::DEFAULT_INITIAL_CAPACITY`]) and doubles on demand up to `max_ctx`; it never
 /// shrinks. Only [`begin`](super::KvStore::begin) grows, and a rollback undoes it.
+#[derive(Debug)]
 pub struct GrowKv(Rows);
 
 impl GrowKv {
@@ -90,21 +90,17 @@ impl GrowKv {
     }
 }
 
-impl fmt::Debug for GrowKv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("GrowKv").field(&self.0).finish()
-    }
-}
-
 forward_store!(GrowKv);
 
+/// The store tests' rows, shared with `window.rs`'s.
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::kv::{Append, KvRows, KvStore};
     use ndarray::Array2;
 
-    fn geometry(n_layers: usize, kv_dim: usize) -> KvGeometry {
+    /// `n_layers` layers of one head of `kv_dim`.
+    pub(in crate::kv) fn geometry(n_layers: usize, kv_dim: usize) -> KvGeometry {
         KvGeometry {
             n_layers,
             n_kv_heads: 1,
@@ -119,7 +115,7 @@ mod tests {
     }
 
     /// The row every test writes for `(layer, pos)`: distinct bits per element.
-    fn row(layer: usize, pos: usize, kv_dim: usize, v: bool) -> Vec<f32> {
+    pub(in crate::kv) fn row(layer: usize, pos: usize, kv_dim: usize, v: bool) -> Vec<f32> {
         (0..kv_dim)
             .map(|i| {
                 let tag = (layer * 100_000 + pos * 10 + i) as u32 + u32::from(v) * 5_000_000;
@@ -128,17 +124,32 @@ mod tests {
             .collect()
     }
 
+    /// [`row`]'s rows of `layer` for positions `at .. at + n`: `[n, kv_dim]`.
+    pub(in crate::kv) fn rows(
+        layer: usize,
+        at: usize,
+        n: usize,
+        kv_dim: usize,
+        v: bool,
+    ) -> Array2<f32> {
+        let flat: Vec<f32> = (at..at + n)
+            .flat_map(|p| row(layer, p, kv_dim, v))
+            .collect();
+        Array2::from_shape_vec((n, kv_dim), flat).unwrap()
+    }
+
     /// Appends positions `at .. at + n` with [`row`]'s values on every layer.
-    fn append(kv: &mut GrowKv, at: usize, n: usize) -> Result<(), KvError> {
+    pub(in crate::kv) fn append<K: KvStore>(
+        kv: &mut K,
+        at: usize,
+        n: usize,
+    ) -> Result<(), KvError> {
         let g = kv.geometry();
         let d = g.kv_dim();
-        let rows = |v: bool, layer: usize| {
-            let flat: Vec<f32> = (at..at + n).flat_map(|p| row(layer, p, d, v)).collect();
-            Array2::from_shape_vec((n, d), flat).unwrap()
-        };
         let mut tx = Append::begin(kv, at, n)?;
         for layer in 0..g.n_layers {
-            tx.write(layer, rows(false, layer).view(), rows(true, layer).view())?;
+            let (k, v) = (rows(layer, at, n, d, false), rows(layer, at, n, d, true));
+            tx.write(layer, k.view(), v.view())?;
         }
         tx.commit()
     }

@@ -758,48 +758,25 @@ impl fmt::Debug for WindowKv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{Append, DenseKv};
+    use crate::kv::DenseKv;
+    use crate::kv::grow::tests::{append, geometry, row, rows};
     use ndarray::Array2;
 
-    fn geometry(n_layers: usize, kv_dim: usize) -> KvGeometry {
-        KvGeometry {
-            n_layers,
-            n_kv_heads: 1,
-            head_dim: kv_dim,
-        }
+    /// The length, capacity, bytes and the rows layers 0 and 1 hold.
+    fn state(kv: &WindowKv) -> (usize, usize, usize, Held, Held) {
+        (
+            kv.len(),
+            kv.capacity(),
+            kv.bytes(),
+            held(kv, 0),
+            held(kv, 1),
+        )
     }
 
-    /// The row every test writes for `(layer, pos)`: distinct bits per element.
-    fn row(layer: usize, pos: usize, kv_dim: usize, v: bool) -> Vec<f32> {
-        (0..kv_dim)
-            .map(|i| {
-                let tag = (layer * 100_000 + pos * 10 + i) as u32 + u32::from(v) * 5_000_000;
-                f32::from_bits(0x7fc0_0000 | tag)
-            })
-            .collect()
-    }
+    /// A layer's positions, its keys' bits in view order and its number of segments.
+    type Held = (Vec<usize>, Vec<u32>, usize);
 
-    fn rows(layer: usize, at: usize, n: usize, kv_dim: usize, v: bool) -> Array2<f32> {
-        let flat: Vec<f32> = (at..at + n)
-            .flat_map(|p| row(layer, p, kv_dim, v))
-            .collect();
-        Array2::from_shape_vec((n, kv_dim), flat).unwrap()
-    }
-
-    /// Appends positions `at .. at + n` with [`row`]'s values on every layer.
-    fn append<K: KvStore>(kv: &mut K, at: usize, n: usize) -> Result<(), KvError> {
-        let g = kv.geometry();
-        let d = g.kv_dim();
-        let mut tx = Append::begin(kv, at, n)?;
-        for layer in 0..g.n_layers {
-            let (k, v) = (rows(layer, at, n, d, false), rows(layer, at, n, d, true));
-            tx.write(layer, k.view(), v.view())?;
-        }
-        tx.commit()
-    }
-
-    /// A layer's positions and key bits, in view order.
-    fn held(kv: &impl KvStore, layer: usize) -> (Vec<usize>, Vec<u32>, usize) {
+    fn held(kv: &impl KvStore, layer: usize) -> Held {
         let view = kv.view(layer).unwrap();
         let bits = view
             .segments()
@@ -924,29 +901,14 @@ mod tests {
         // Positions 6..10 retained: a query at 9 sees 6..=9, one at 8 would need 5.
         assert!(kv.can_rewind_to(9) && kv.can_rewind_to(10) && kv.can_rewind_to(0));
         assert!(!kv.can_rewind_to(8) && !kv.can_rewind_to(11));
-        let before = (
-            kv.len(),
-            kv.capacity(),
-            kv.bytes(),
-            held(&kv, 0),
-            held(&kv, 1),
-        );
+        let before = state(&kv);
         let refused = KvError::BehindWindow {
             pos: 8,
             earliest: 9,
         };
         assert_eq!(kv.truncate(8), Err(refused.clone()));
         assert_eq!(kv.begin(8, 2), Err(refused));
-        assert_eq!(
-            (
-                kv.len(),
-                kv.capacity(),
-                kv.bytes(),
-                held(&kv, 0),
-                held(&kv, 1)
-            ),
-            before
-        );
+        assert_eq!(state(&kv), before);
         // An open append survives a refused truncate.
         kv.begin(10, 1).unwrap();
         assert!(kv.truncate(3).is_err());
@@ -1012,25 +974,10 @@ mod tests {
         let mut kv = WindowKv::new(geometry(2, 2), 1000, &[Some(100), None]).unwrap();
         append(&mut kv, 0, 60).unwrap();
         kv.set_alloc_gate(Some(Arc::new(Refuse)));
-        let before = (
-            kv.len(),
-            kv.capacity(),
-            kv.bytes(),
-            held(&kv, 0),
-            held(&kv, 1),
-        );
+        let before = state(&kv);
         assert!(matches!(kv.begin(60, 1), Err(KvError::AllocFailed { .. })));
         assert!(matches!(kv.fork(), Err(KvError::AllocFailed { .. })));
-        assert_eq!(
-            (
-                kv.len(),
-                kv.capacity(),
-                kv.bytes(),
-                held(&kv, 0),
-                held(&kv, 1)
-            ),
-            before
-        );
+        assert_eq!(state(&kv), before);
         kv.set_alloc_gate(None);
         let fork = kv.fork().unwrap();
         assert_eq!(

@@ -748,23 +748,15 @@ impl<B: Backend> Llama<B> {
             );
             let (mut q, mut k, v) = (q?, k?, v?); // [N, q_dim], [N, kv_dim], [N, kv_dim]
             if let Some((q_norm, k_norm)) = &blk.qk_norm {
-                // Rows of [N·heads, head_dim]: one RMSNorm per head.
-                q = self
-                    .rms_norm(
-                        &q.into_shape_with_order((n * c.n_heads, c.head_dim))
-                            .expect("std"),
-                        q_norm,
-                    )?
-                    .into_shape_with_order((n, c.q_dim()))
-                    .expect("std");
-                k = self
-                    .rms_norm(
-                        &k.into_shape_with_order((n * c.n_kv_heads, c.head_dim))
-                            .expect("std"),
-                        k_norm,
-                    )?
-                    .into_shape_with_order((n, c.kv_dim()))
-                    .expect("std");
+                // [N, heads·head_dim] as rows of [N·heads, head_dim]: one RMSNorm per head.
+                let per_head = |x: Array2<f32>, heads: usize, norm: &[f32]| {
+                    let rows = x.into_shape_with_order((n * heads, c.head_dim));
+                    let normed = self.rms_norm(&rows.expect("std"), norm)?;
+                    let out = normed.into_shape_with_order((n, heads * c.head_dim));
+                    Ok::<_, ModelError>(out.expect("std"))
+                };
+                q = per_head(q, c.n_heads, q_norm)?;
+                k = per_head(k, c.n_kv_heads, k_norm)?;
             }
             b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
             b.rope(std_slice_mut(&mut k), c.head_dim, &positions, &rope)?;

@@ -4,8 +4,9 @@
 #![allow(dead_code)]
 
 use kvcore::Backend;
+use kvcore::KvError;
 use kvcore::gguf::GgufFile;
-use kvcore::model::Llama;
+use kvcore::model::{Llama, ModelError};
 use kvcore::tokenizer::{Special, Tokenizer, TokenizerError};
 #[cfg(not(target_family = "wasm"))]
 use kvcore_rayon::Rayon;
@@ -129,6 +130,12 @@ pub fn with_backend(name: &str, job: &impl PerBackend) {
         // wasm32 CI (`.ci/wasm.sh`) runs the scalar and simd tests only.
         other => panic!("unknown backend {other}"),
     }
+}
+
+/// Runs `job` with the scalar and then the simd backend.
+pub fn scalar_and_simd(job: &impl PerBackend) {
+    with_backend("scalar", job);
+    with_backend("simd", job);
 }
 
 /// Two `#[test]` functions, `$simd` and `$rayon`, that run `$job` (a `&impl PerBackend`)
@@ -301,44 +308,106 @@ pub fn check_id_sequence(
     Ok(())
 }
 
-/// `open(path)` once for all the tests of the binary, kept in `cell`.
-fn opened_once(
-    cell: &'static OnceLock<GgufFile>,
+/// Each prompt's name, greedy ids and the text they decode to (`greedy_text`, which
+/// every prompt must have).
+pub fn greedy_texts(prompts: &[Value]) -> Vec<(&str, Vec<u32>, &str)> {
+    prompts
+        .iter()
+        .map(|p| {
+            let name = p["name"].as_str().unwrap_or("?");
+            let expected = p
+                .get("greedy_text")
+                .and_then(Value::as_str)
+                .unwrap_or_else(|| panic!("prompt {name} has no greedy_text"));
+            (name, ids(&p["greedy_ids"]), expected)
+        })
+        .collect()
+}
+
+/// Asserts that `err` is the store's refusal of position `pos` past its `max_ctx`.
+pub fn assert_context_overflow(err: &ModelError, pos: usize, max_ctx: usize) {
+    assert!(
+        matches!(
+            err,
+            ModelError::Kv(KvError::ContextOverflow { pos: p, max_ctx: m })
+                if (*p, *m) == (pos, max_ctx)
+        ),
+        "{err}"
+    );
+}
+
+/// Checks that the special token `name` is in `t`'s vocabulary, stops generation, is
+/// what `name` encodes to when special tokens are parsed and decodes to `name`; returns
+/// its id.
+pub fn check_stop_token(t: &Tokenizer, name: &str) -> u32 {
+    let id = t
+        .token_id(name)
+        .unwrap_or_else(|| panic!("{name} is in the vocabulary"));
+    assert!(t.is_stop(id), "{name} stops generation");
+    assert_eq!(t.encode(name, Special::Parse), [id]);
+    assert_eq!(t.decode(&[id]).unwrap(), name);
+    id
+}
+
+/// A model file opened once for all the tests of the binary, and its tokenizer, built
+/// once.
+pub struct SharedModel {
     path: fn() -> PathBuf,
     open: fn(&std::path::Path) -> Result<GgufFile, kvcore::gguf::GgufError>,
-) -> &'static GgufFile {
-    cell.get_or_init(|| {
-        let path = path();
-        open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
-    })
+    file: OnceLock<GgufFile>,
+    tokenizer: OnceLock<Tokenizer>,
 }
 
-/// The SmolLM2 file, opened once for all tests.
-pub fn smollm2_shared() -> &'static GgufFile {
-    static FILE: OnceLock<GgufFile> = OnceLock::new();
-    opened_once(&FILE, smollm2_path, GgufFile::open)
+impl SharedModel {
+    const fn new(
+        path: fn() -> PathBuf,
+        open: fn(&std::path::Path) -> Result<GgufFile, kvcore::gguf::GgufError>,
+    ) -> Self {
+        SharedModel {
+            path,
+            open,
+            file: OnceLock::new(),
+            tokenizer: OnceLock::new(),
+        }
+    }
+
+    /// The file, opened on first use.
+    pub fn file(&'static self) -> &'static GgufFile {
+        self.file.get_or_init(|| {
+            let path = (self.path)();
+            (self.open)(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
+        })
+    }
+
+    /// The file's tokenizer, built on first use.
+    pub fn tokenizer(&'static self) -> &'static Tokenizer {
+        self.tokenizer.get_or_init(|| {
+            Tokenizer::from_gguf(self.file())
+                .unwrap_or_else(|e| panic!("the tokenizer of {}: {e}", (self.path)().display()))
+        })
+    }
 }
 
-/// The SmolLM2 tokenizer, built once for all tests.
-pub fn smollm2_tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| {
-        Tokenizer::from_gguf(smollm2_shared()).expect("tokenizer from the SmolLM2 file")
-    })
-}
+/// The SmolLM2 file and its tokenizer.
+pub static SMOLLM2: SharedModel = SharedModel::new(smollm2_path, GgufFile::open);
 
-/// The Gemma 3 270M file's metadata (all the tokenizer needs), read once for all tests.
-pub fn gemma3_metadata() -> &'static GgufFile {
-    static FILE: OnceLock<GgufFile> = OnceLock::new();
-    opened_once(&FILE, gemma3_path, GgufFile::open_metadata)
-}
+/// The Gemma 3 270M file's metadata (all the tokenizer needs) and its tokenizer.
+pub static GEMMA3_METADATA: SharedModel = SharedModel::new(gemma3_path, GgufFile::open_metadata);
 
-/// The Gemma 3 tokenizer, built once for all tests.
-pub fn gemma3_tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| {
-        Tokenizer::from_gguf(gemma3_metadata()).expect("tokenizer from the Gemma 3 file")
-    })
+/// `cases` cases from the fixed `seed`, failures persisted to `file` (relative to the
+/// crate root).
+pub fn persisted_proptest_config(
+    cases: u32,
+    seed: u64,
+    file: &'static str,
+) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(file))),
+        ..Config::default()
+    }
 }
 
 /// The proptest configuration of the tokenizer properties: 256 cases from `seed`.
@@ -513,6 +582,24 @@ pub struct Distance {
     pub positions: usize,
 }
 
+impl Distance {
+    /// Asserts the aggregate bounds of `who`'s run: the mean within `mean_tol`, and
+    /// `enough(agree, positions)` for the top-1 agreement.
+    pub fn check_aggregate(&self, who: &str, mean_tol: f64, enough: impl Fn(usize, usize) -> bool) {
+        assert!(
+            self.mean <= mean_tol,
+            "{who}: mean |diff| {} > {mean_tol}",
+            self.mean
+        );
+        assert!(
+            enough(self.agree, self.positions),
+            "{who}: top-1 agrees at only {}/{} positions",
+            self.agree,
+            self.positions
+        );
+    }
+}
+
 /// Feeds every prompt's `prompt_ids + greedy_ids` (the first `limit` of them) through the
 /// one-token decode path of `model` (teacher forcing the reference tokens) and compares
 /// each position's logits
@@ -589,4 +676,31 @@ pub fn teacher_force<B: Backend>(
         d.worst, d.mean, d.agree, d.positions
     );
     d
+}
+
+/// `fuzz/corpus/<target>`.
+pub fn fuzz_corpus_dir(target: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Every file of the fuzz target's corpus with its bytes, sorted by path; fails when
+/// there are none.
+pub fn fuzz_corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = fuzz_corpus_dir(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{} holds no inputs", dir.display());
+    files
+        .into_iter()
+        .map(|p| {
+            let bytes =
+                std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+            (p, bytes)
+        })
+        .collect()
 }

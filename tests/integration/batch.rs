@@ -36,7 +36,6 @@ use kvcore_simd::Simd;
 use kvcore_test_support::faults::{FailingBackend, INJECTED, RefuseNth};
 use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
 use crate::common::{KvSnapshot as Snapshot, kv_snapshot as snapshot};
 
@@ -396,14 +395,11 @@ fn check_bitwise<B: Backend, K: KvStore>(
 }
 
 proptest! {
-    #![proptest_config(Config {
-        cases: 48,
-        rng_seed: RngSeed::Fixed(0x0062_6174_6368),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "proptest-regressions/batch.txt"
-        ))),
-        ..Config::default()
-    })]
+    #![proptest_config(crate::common::persisted_proptest_config(
+        48,
+        0x0062_6174_6368,
+        "proptest-regressions/batch.txt"
+    ))]
 
     /// The scalar reference, f32 and q8 activations, any composition: bit for bit.
     #[test]
@@ -612,42 +608,45 @@ fn a_store_of_another_geometry_is_refused() {
 
 /// Fails every kernel call of a batched pass in turn: every store unchanged each time,
 /// then the clean bits.
-fn batch_kernel_faults<B: Backend>(inner: B) {
-    let backend = FailingBackend::new(inner);
-    let model = tiny_llama(&tiny(DType::Q8_0, 1), &backend).with_activations(Activations::Q8);
-    let mut stores = four_stores(&model, 256);
-    let clean = {
-        let mut probe: Vec<GrowKv> = stores.iter().map(|kv| kv.fork().unwrap()).collect();
-        let mut refs: Vec<&mut GrowKv> = probe.iter_mut().collect();
+struct BatchKernelFaults;
+
+impl PerBackend for BatchKernelFaults {
+    fn run<B: Backend>(&self, inner: B) {
+        let backend = FailingBackend::new(inner);
+        let model = tiny_llama(&tiny(DType::Q8_0, 1), &backend).with_activations(Activations::Q8);
+        let mut stores = four_stores(&model, 256);
+        let clean = {
+            let mut probe: Vec<GrowKv> = stores.iter().map(|kv| kv.fork().unwrap()).collect();
+            let mut refs: Vec<&mut GrowKv> = probe.iter_mut().collect();
+            backend.arm(0);
+            all_bits(&batch(&model, &mut refs, &four_steps()).unwrap())
+        };
+        let calls = backend.calls();
+        assert!(calls > 40, "{calls} kernel calls");
+        let before: Vec<Snapshot> = stores.iter().map(snapshot).collect();
+        for k in 1..=calls {
+            backend.arm(k);
+            let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
+            let err = batch(&model, &mut refs, &four_steps()).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::Shape(e) if *e == INJECTED),
+                "call {k}: {err}"
+            );
+            let after: Vec<Snapshot> = stores.iter().map(snapshot).collect();
+            assert_eq!(after, before, "call {k} of {calls}");
+        }
         backend.arm(0);
-        all_bits(&batch(&model, &mut refs, &four_steps()).unwrap())
-    };
-    let calls = backend.calls();
-    assert!(calls > 40, "{calls} kernel calls");
-    let before: Vec<Snapshot> = stores.iter().map(snapshot).collect();
-    for k in 1..=calls {
-        backend.arm(k);
         let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
-        let err = batch(&model, &mut refs, &four_steps()).unwrap_err();
-        assert!(
-            matches!(&err, ModelError::Shape(e) if *e == INJECTED),
-            "call {k}: {err}"
+        assert_eq!(
+            all_bits(&batch(&model, &mut refs, &four_steps()).unwrap()),
+            clean
         );
-        let after: Vec<Snapshot> = stores.iter().map(snapshot).collect();
-        assert_eq!(after, before, "call {k} of {calls}");
     }
-    backend.arm(0);
-    let mut refs: Vec<&mut GrowKv> = stores.iter_mut().collect();
-    assert_eq!(
-        all_bits(&batch(&model, &mut refs, &four_steps()).unwrap()),
-        clean
-    );
 }
 
 #[test]
 fn a_kernel_error_at_any_call_of_a_batch_changes_no_store() {
-    batch_kernel_faults(Scalar::new());
-    batch_kernel_faults(Simd::new());
+    scalar_and_simd(&BatchKernelFaults);
 }
 
 #[test]

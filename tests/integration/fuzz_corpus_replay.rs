@@ -16,7 +16,7 @@ mod session_load;
 mod tokenizer;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kvcore::gguf::GgufFile;
 use kvcore::gguf::{GgufWriter, Value};
@@ -26,33 +26,11 @@ use kvcore::{DType, GrowKv, Session};
 use kvcore_scalar::Scalar;
 use kvcore_test_support::tiny::TinyLlama;
 
-fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target)
-}
-
-/// Every file of the target's corpus, sorted; fails when there are none.
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "{} holds no inputs", dir.display());
-    files
-        .into_iter()
-        .map(|p| {
-            let bytes = fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-            (p, bytes)
-        })
-        .collect()
-}
+use crate::common;
 
 /// Runs `check` on every input, naming the file of the first failure.
 fn replay(target: &str, check: impl Fn(&[u8])) {
-    for (path, bytes) in corpus(target) {
+    for (path, bytes) in common::fuzz_corpus(target) {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&bytes)));
         assert!(outcome.is_ok(), "{target} input {} failed", path.display());
     }
@@ -360,7 +338,7 @@ fn write_seed_corpora() {
         ("tokenizer", tokenizer_seeds()),
         ("session_load", session_load_seeds()),
     ] {
-        let dir = corpus_dir(target);
+        let dir = common::fuzz_corpus_dir(target);
         fs::create_dir_all(&dir).expect("create the corpus directory");
         for (name, bytes) in seeds {
             fs::write(dir.join(format!("seed_{name}")), bytes).expect("write a seed");

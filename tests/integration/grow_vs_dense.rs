@@ -6,9 +6,10 @@
 use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{
-    Decoder, FinishReason, GenerateParams, Llama, Logits, ModelError, Sampler, Sampling, generate,
+    Decoder, FinishReason, GenerateParams, Generation, Llama, Logits, ModelError, Sampler,
+    Sampling, Step, generate,
 };
-use kvcore::{Backend, DType, DenseKv, GrowKv, KvError, KvStore, Session};
+use kvcore::{Backend, DType, DenseKv, GrowKv, KvStore, Session};
 use kvcore_test_support::tiny::TinyLlama;
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -202,39 +203,48 @@ fn tiny_model<B: Backend>(backend: B, context_len: usize) -> Llama<B> {
     Llama::load(GgufFile::from_bytes(spec.to_gguf()).unwrap(), backend).unwrap()
 }
 
+/// Generates up to `max_tokens` after `prompt` in a fresh session of `max_ctx` positions,
+/// `on_step` as [`generate`]'s callback; returns the generation, the session and whether
+/// the decoder found the context full.
+fn generate_fresh<B: Backend>(
+    model: &Llama<B>,
+    max_ctx: usize,
+    prompt: &[u32],
+    max_tokens: usize,
+    on_step: impl FnMut(&Step) -> bool,
+) -> (Generation, Session<GrowKv>, bool) {
+    let mut session = Session::new(GrowKv::new(model.kv_geometry(), max_ctx).unwrap());
+    let mut params = GenerateParams::default();
+    params.max_tokens = Some(max_tokens);
+    let mut decoder = Decoder::tokens_only(&params, prompt, max_ctx).unwrap();
+    let g = generate(model, &mut session, prompt, &mut decoder, on_step).unwrap();
+    (g, session, decoder.context_full())
+}
+
 /// Generation that reaches `max_ctx` ends there (the decoder's budget: the last token
 /// is never run), keeps its tokens and says the context, not `max_tokens`, ended it;
 /// the cache keeps exactly the positions that were computed.
 #[test]
 fn generation_ends_at_the_full_context() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
-    let c = model.config().clone();
-    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 20).unwrap());
     let prompt: Vec<u32> = (0..12).collect();
-    let mut params = GenerateParams::default();
-    params.max_tokens = Some(50);
-    let mut decoder = Decoder::tokens_only(&params, &prompt, 20).unwrap();
     let mut streamed = Vec::new();
-    let g = generate(&model, &mut session, &prompt, &mut decoder, |step| {
+    let (g, session, context_full) = generate_fresh(&model, 20, &prompt, 50, |step| {
         streamed.push(step.id);
         true
-    })
-    .unwrap();
+    });
     // 12 prompt positions + 8 decoded = 20 positions; the 9th token is never run.
     assert_eq!(g.tokens.len(), 9);
     assert_eq!(g.finish, Some(FinishReason::Length));
-    assert!(decoder.context_full());
+    assert!(context_full);
     assert_eq!(g.tokens, streamed);
     assert_eq!(session.len(), 20);
     assert_eq!(session.tokens(), [&prompt[..], &g.tokens[..8]].concat());
     assert_eq!(g.stats.kv_capacity, 20);
     // One token fewer than the room: max_tokens ended it.
-    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 20).unwrap());
-    params.max_tokens = Some(8);
-    let mut decoder = Decoder::tokens_only(&params, &prompt, 20).unwrap();
-    let g = generate(&model, &mut session, &prompt, &mut decoder, |_| true).unwrap();
+    let (g, session, context_full) = generate_fresh(&model, 20, &prompt, 8, |_| true);
     assert_eq!((g.tokens.len(), g.finish), (8, Some(FinishReason::Length)));
-    assert!(!decoder.context_full());
+    assert!(!context_full);
     assert_eq!(session.len(), 19);
 }
 
@@ -242,18 +252,12 @@ fn generation_ends_at_the_full_context() {
 #[test]
 fn a_callback_cancels_the_generation() {
     let model = tiny_model(kvcore_scalar::Scalar::new(), 64);
-    let c = model.config().clone();
-    let mut session = Session::new(GrowKv::new(c.kv_geometry(), 64).unwrap());
     let prompt: Vec<u32> = (0..5).collect();
-    let mut params = GenerateParams::default();
-    params.max_tokens = Some(20);
-    let mut decoder = Decoder::tokens_only(&params, &prompt, 64).unwrap();
     let mut steps = 0;
-    let g = generate(&model, &mut session, &prompt, &mut decoder, |_| {
+    let (g, session, _) = generate_fresh(&model, 64, &prompt, 20, |_| {
         steps += 1;
         steps < 3
-    })
-    .unwrap();
+    });
     assert_eq!(
         (g.tokens.len(), g.finish),
         (3, Some(FinishReason::Cancelled))
@@ -268,10 +272,7 @@ fn prompt_longer_than_context_leaves_cache_untouched() {
     let c = model.config().clone();
     let mut kv = GrowKv::new(c.kv_geometry(), 8).unwrap();
     let err = model.forward(&mut kv, &[1; 9], Logits::Last).unwrap_err();
-    assert!(matches!(
-        err,
-        ModelError::Kv(KvError::ContextOverflow { pos: 8, max_ctx: 8 })
-    ));
+    assert_context_overflow(&err, 8, 8);
     assert_eq!(kv.len(), 0);
     let err = model.forward(&mut kv, &[64], Logits::Last).unwrap_err();
     assert!(matches!(

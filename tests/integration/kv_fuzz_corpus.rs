@@ -6,9 +6,7 @@
 //! `PoolScenario::from_bytes` on a paged pool beside one `DenseKv` per sequence. An
 //! empty or missing corpus directory fails.
 
-use std::fs;
-use std::path::Path;
-
+use crate::common;
 use kvcore_test_support::kv_diff::{Scenario, run};
 use kvcore_test_support::pool_diff::{self, PoolScenario};
 
@@ -22,17 +20,7 @@ fn replay<E: std::fmt::Display>(target: &str, decode: fn(&[u8]) -> Result<Scenar
 
 /// Runs `check` on every file of `fuzz/corpus/<target>`.
 fn each_input(target: &str, check: impl Fn(&[u8]) -> Result<(), String>) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target);
-    let mut files: Vec<_> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "{} holds no inputs", dir.display());
-    for path in &files {
-        let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    for (path, bytes) in common::fuzz_corpus(target) {
         if let Err(e) = check(&bytes) {
             panic!("{}: {e}", path.display());
         }

@@ -92,6 +92,32 @@ fn check_local(
     }
 }
 
+/// The rows of `w: [rows, cols]` encoded as `dtype`, one after another.
+fn quantized(dtype: DType, cols: usize, w: &[f32]) -> Vec<u8> {
+    w.chunks_exact(cols)
+        .flat_map(|row| kvcore_scalar::quant::quantize_row(dtype, row))
+        .collect()
+}
+
+/// Runs `run` on `bytes` with the f16 block scale at `at` set to NaN and checks that only
+/// output `r` of `clean` turns NaN; `bytes` are restored afterwards.
+fn check_nan_scale(
+    what: &str,
+    bytes: &mut [u8],
+    at: usize,
+    r: usize,
+    clean: &[f32],
+    run: impl Fn(&[u8]) -> Vec<f32>,
+) {
+    let saved = [bytes[at], bytes[at + 1]];
+    bytes[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
+    let y = run(bytes);
+    check_local(&format!("{what} NaN scale"), f32::NAN, clean, &y, |i| {
+        i == r
+    });
+    bytes[at..at + 2].copy_from_slice(&saved);
+}
+
 #[test]
 fn gemv_and_gemm_contaminate_only_dependent_outputs() {
     let (rows, cols, n) = (9, 64, 3);
@@ -138,9 +164,7 @@ fn a_nan_block_scale_makes_its_row_nan() {
     let (rows, cols) = (5, 64);
     for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let w = values(rows * cols, 3);
-        let mut bytes: Vec<u8> = (0..rows)
-            .flat_map(|r| kvcore_scalar::quant::quantize_row(dtype, &w[r * cols..(r + 1) * cols]))
-            .collect();
+        let mut bytes = quantized(dtype, cols, &w);
         let x = values(cols, 4);
         for (name, b) in backends() {
             let run = |bytes: &[u8]| {
@@ -152,19 +176,9 @@ fn a_nan_block_scale_makes_its_row_nan() {
             let clean = run(&bytes);
             let r = 2;
             let row_bytes = dtype.row_bytes(cols).unwrap();
-            let saved = bytes.clone();
             // The second block of row r: its scale `d` is the first two bytes.
             let at = r * row_bytes + dtype.block_bytes();
-            bytes[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
-            let y = run(&bytes);
-            check_local(
-                &format!("{name} {dtype} NaN scale"),
-                f32::NAN,
-                &clean,
-                &y,
-                |i| i == r,
-            );
-            bytes = saved;
+            check_nan_scale(&format!("{name} {dtype}"), &mut bytes, at, r, &clean, run);
         }
     }
 }
@@ -178,9 +192,7 @@ fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
         .filter_map(|d| Q8Layout::of(d).map(|l| (d, l)))
     {
         let w = values(rows * cols, 6);
-        let mut bytes: Vec<u8> = (0..rows)
-            .flat_map(|r| kvcore_scalar::quant::quantize_row(dtype, &w[r * cols..(r + 1) * cols]))
-            .collect();
+        let mut bytes = quantized(dtype, cols, &w);
         let x = values(cols, 7);
         for (name, b) in backends() {
             let run = |bytes: &[u8], x: &[f32]| {
@@ -214,17 +226,14 @@ fn q8_activations_turn_any_non_finite_input_into_nan_and_stay_row_local() {
             let block = 2.min(cols / dtype.block_len() - 1);
             let d_at = if dtype == DType::Q6_K { 208 } else { 0 };
             let at = r * dtype.row_bytes(cols).unwrap() + block * dtype.block_bytes() + d_at;
-            let saved = bytes.clone();
-            bytes[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
-            let y = run(&bytes, &x);
-            check_local(
-                &format!("{name} {dtype} q8 NaN scale"),
-                f32::NAN,
+            check_nan_scale(
+                &format!("{name} {dtype} q8"),
+                &mut bytes,
+                at,
+                r,
                 &clean,
-                &y,
-                |i| i == r,
+                |b| run(b, &x),
             );
-            bytes = saved;
         }
     }
 }
@@ -340,25 +349,20 @@ fn attention_contaminates_only_later_positions_of_the_same_group() {
             pos0 + row >= t && head / 2 == kv_head
         };
         let at = t * kv_dim + kv_head * 8 + 5;
-        let mut kp = k.clone();
-        kp[at] = f32::NAN;
-        check_local(
-            &format!("{name} attention NaN key"),
-            f32::NAN,
-            &clean,
-            &run(&q, &kp, &v),
-            depends,
-        );
-        let mut vp = v.clone();
-        vp[at] = f32::NAN;
+        let nan_local = |what: &str, y: &[f32], depends: &dyn Fn(usize) -> bool| {
+            let what = format!("{name} attention NaN {what}");
+            check_local(&what, f32::NAN, &clean, y, depends);
+        };
+        let nan_at = |x: &[f32]| {
+            let mut x = x.to_vec();
+            x[at] = f32::NAN;
+            x
+        };
+        nan_local("key", &run(&q, &nan_at(&k), &v), &depends);
         // A NaN value element reaches only its own column of the dependent heads.
-        check_local(
-            &format!("{name} attention NaN value"),
-            f32::NAN,
-            &clean,
-            &run(&q, &k, &vp),
-            |i| depends(i) && i % 8 == 5,
-        );
+        nan_local("value", &run(&q, &k, &nan_at(&v)), &|i| {
+            depends(i) && i % 8 == 5
+        });
         // A NaN in query head 0 of row 1: every score of that head is NaN, so the
         // head outputs NaN; every other output is untouched.
         let mut qp = q.clone();

@@ -37,12 +37,24 @@ fn gemv_case() -> (Gemv, Vec<u32>) {
     (case, want)
 }
 
+/// Runs `f` under the watchdog named `what`, with a pool of `threads` over `Simd` and
+/// [`gemv_case`].
+fn on_pool(
+    what: &str,
+    threads: usize,
+    f: impl FnOnce(&Rayon<Simd>, &Gemv, &[u32]) + Send + 'static,
+) {
+    within_watchdog(what, move || {
+        let pool = Rayon::new(Simd::new(), threads).expect("pool");
+        let (case, want) = gemv_case();
+        f(&pool, &case, &want);
+    });
+}
+
 #[test]
 fn scope_runs_f_on_a_pool_worker_and_returns_its_result() {
-    within_watchdog("scope result", || {
-        let pool = Rayon::new(Simd::new(), 2).expect("pool");
-        let (case, want) = gemv_case();
-        let (on_worker, got) = pool.scope(|| (rayon::current_thread_index(), case.run(&pool)));
+    on_pool("scope result", 2, |pool, case, want| {
+        let (on_worker, got) = pool.scope(|| (rayon::current_thread_index(), case.run(pool)));
         assert!(on_worker.is_some(), "f did not run on a pool worker");
         assert_eq!(bits(&got), want);
     });
@@ -50,10 +62,8 @@ fn scope_runs_f_on_a_pool_worker_and_returns_its_result() {
 
 #[test]
 fn nested_scopes_complete() {
-    within_watchdog("nested scopes", || {
-        let pool = Rayon::new(Simd::new(), 2).expect("pool");
-        let (case, want) = gemv_case();
-        let got = pool.scope(|| pool.scope(|| pool.scope(|| case.run(&pool))));
+    on_pool("nested scopes", 2, |pool, case, want| {
+        let got = pool.scope(|| pool.scope(|| pool.scope(|| case.run(pool))));
         assert_eq!(bits(&got), want);
     });
 }
@@ -61,18 +71,16 @@ fn nested_scopes_complete() {
 #[test]
 fn concurrent_callers_share_one_backend() {
     for threads in [2, 3, 5] {
-        within_watchdog("concurrent callers", move || {
-            let pool = Rayon::new(Simd::new(), threads).expect("pool");
-            let (case, want) = gemv_case();
+        on_pool("concurrent callers", threads, move |pool, case, want| {
             std::thread::scope(|s| {
                 for _ in 0..4 {
                     s.spawn(|| {
                         for i in 0..40 {
                             // Alternate scoped passes with bare kernel calls.
                             let got = if i % 2 == 0 {
-                                pool.scope(|| case.run(&pool))
+                                pool.scope(|| case.run(pool))
                             } else {
-                                case.run(&pool)
+                                case.run(pool)
                             };
                             assert_eq!(bits(&got), want, "{threads} threads, call {i}");
                         }
@@ -85,17 +93,15 @@ fn concurrent_callers_share_one_backend() {
 
 #[test]
 fn a_panicking_pass_propagates_and_leaves_the_backend_usable() {
-    within_watchdog("panicking pass", || {
-        let pool = Rayon::new(Simd::new(), 2).expect("pool");
-        let (case, want) = gemv_case();
+    on_pool("panicking pass", 2, |pool, case, want| {
         let caught = catch_unwind(AssertUnwindSafe(|| {
             pool.scope(|| {
-                let _ = case.run(&pool);
+                let _ = case.run(pool);
                 panic!("deliberate");
             })
         }));
         assert!(caught.is_err(), "the panic in f did not reach the caller");
-        assert_eq!(bits(&pool.scope(|| case.run(&pool))), want);
+        assert_eq!(bits(&pool.scope(|| case.run(pool))), want);
     });
 }
 
@@ -128,9 +134,7 @@ fn joins_return_both_results_in_order() {
 /// A panic in either closure of a join reaches the caller, and the backend stays usable.
 #[test]
 fn a_panicking_join_propagates_and_leaves_the_backend_usable() {
-    within_watchdog("panicking join", || {
-        let pool = Rayon::new(Simd::new(), 2).expect("pool");
-        let (case, want) = gemv_case();
+    on_pool("panicking join", 2, |pool, case, want| {
         for first in [true, false] {
             let caught = catch_unwind(AssertUnwindSafe(|| {
                 pool.scope(|| {
@@ -142,6 +146,6 @@ fn a_panicking_join_propagates_and_leaves_the_backend_usable() {
             }));
             assert!(caught.is_err(), "the panic did not reach the caller");
         }
-        assert_eq!(bits(&pool.scope(|| case.run(&pool))), want);
+        assert_eq!(bits(&pool.scope(|| case.run(pool))), want);
     });
 }

@@ -13,7 +13,7 @@
 use crate::common::*;
 use kvcore::gguf::GgufFile;
 use kvcore::model::{Decoder, GenerateParams, Llama, Logits, ModelError, generate};
-use kvcore::{Backend, DType, GrowKv, KvError, KvStore, Session};
+use kvcore::{Backend, DType, GrowKv, KvStore, Session};
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use kvcore_test_support::tiny::TinyLlama;
@@ -105,43 +105,46 @@ fn tiny<B: Backend>(backend: B, dtype: DType) -> Llama<B> {
 /// equal those of a fresh store fed `a`, then `b`. The rows of `a` were computed in a
 /// longer pass than the fresh run's; each row of a pass depends only on its own token and
 /// the rows before it, so the bits agree.
-fn same_chunks_same_bits<B: Backend>(backend: B) {
-    let name = backend.name();
-    for dtype in [DType::F32, DType::Q4_1] {
-        let model = tiny(&backend, dtype);
-        let g = model.kv_geometry();
-        let a: Vec<u32> = (0..23).map(|i| (i * 11 + 3) % 90).collect();
-        let b: Vec<u32> = (0..9).map(|i| (i * 5 + 1) % 90).collect();
-        let tail = [7u32, 8, 9, 10, 11];
-        let conversation: Vec<u32> = a.iter().chain(&b).copied().collect();
+struct SameChunksSameBits;
 
-        let mut session = Session::new(GrowKv::new(g, 200).unwrap());
-        session
-            .prefill(&model, &[&a[..], &tail[..]].concat())
-            .unwrap();
-        let turn = session.prefill(&model, &conversation).unwrap();
-        assert_eq!((turn.reused, turn.prefilled), (a.len(), b.len()));
-        assert_eq!(session.tokens(), conversation);
+impl PerBackend for SameChunksSameBits {
+    fn run<B: Backend>(&self, backend: B) {
+        let name = backend.name();
+        for dtype in [DType::F32, DType::Q4_1] {
+            let model = tiny(&backend, dtype);
+            let g = model.kv_geometry();
+            let a: Vec<u32> = (0..23).map(|i| (i * 11 + 3) % 90).collect();
+            let b: Vec<u32> = (0..9).map(|i| (i * 5 + 1) % 90).collect();
+            let tail = [7u32, 8, 9, 10, 11];
+            let conversation: Vec<u32> = a.iter().chain(&b).copied().collect();
 
-        let mut fresh = GrowKv::new(g, 200).unwrap();
-        model.forward(&mut fresh, &a, Logits::None).unwrap();
-        let want = model.forward(&mut fresh, &b, Logits::Last).unwrap();
-        assert_eq!(
-            bits(&turn.logits),
-            bits(want.row(0).as_slice().unwrap()),
-            "{name} {dtype}"
-        );
-        // Decoding on from both gives the same bits too.
-        let next = session.decode(&model, 4).unwrap();
-        let want = model.forward(&mut fresh, &[4], Logits::Last).unwrap();
-        assert_eq!(bits(&next), bits(want.row(0).as_slice().unwrap()), "{name}");
+            let mut session = Session::new(GrowKv::new(g, 200).unwrap());
+            session
+                .prefill(&model, &[&a[..], &tail[..]].concat())
+                .unwrap();
+            let turn = session.prefill(&model, &conversation).unwrap();
+            assert_eq!((turn.reused, turn.prefilled), (a.len(), b.len()));
+            assert_eq!(session.tokens(), conversation);
+
+            let mut fresh = GrowKv::new(g, 200).unwrap();
+            model.forward(&mut fresh, &a, Logits::None).unwrap();
+            let want = model.forward(&mut fresh, &b, Logits::Last).unwrap();
+            assert_eq!(
+                bits(&turn.logits),
+                bits(want.row(0).as_slice().unwrap()),
+                "{name} {dtype}"
+            );
+            // Decoding on from both gives the same bits too.
+            let next = session.decode(&model, 4).unwrap();
+            let want = model.forward(&mut fresh, &[4], Logits::Last).unwrap();
+            assert_eq!(bits(&next), bits(want.row(0).as_slice().unwrap()), "{name}");
+        }
     }
 }
 
 #[test]
 fn reuse_with_the_same_chunks_is_bitwise_a_fresh_run() {
-    same_chunks_same_bits(Scalar::new());
-    same_chunks_same_bits(Simd::new());
+    scalar_and_simd(&SameChunksSameBits);
 }
 
 #[test]
@@ -158,16 +161,7 @@ fn a_failed_prefill_leaves_the_session_as_it_was() {
     // Shares 10 positions, then needs 25 in all: past the context of 24.
     let longer: Vec<u32> = (0..10).chain(50..65).collect();
     let err = session.prefill(&model, &longer).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ModelError::Kv(KvError::ContextOverflow {
-                pos: 24,
-                max_ctx: 24
-            })
-        ),
-        "{err}"
-    );
+    assert_context_overflow(&err, 24, 24);
     assert_eq!(snapshot(&session), before);
     let bad: Vec<u32> = (0..15).chain([90]).collect();
     let err = session.prefill(&model, &bad).unwrap_err();

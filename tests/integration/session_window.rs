@@ -49,6 +49,19 @@ fn model() -> Llama<Scalar> {
     .unwrap()
 }
 
+/// Decodes `ids` on `a` and `b`, one at a time: each step's logits bit for bit alike.
+fn decode_alike<K: KvStore, L: KvStore>(
+    model: &Llama<Scalar>,
+    a: &mut Session<K>,
+    b: &mut Session<L>,
+    ids: &[u32],
+) {
+    for &id in ids {
+        let (x, y) = (a.decode(model, id).unwrap(), b.decode(model, id).unwrap());
+        assert_eq!(bits(&x), bits(&y), "decoding {id}");
+    }
+}
+
 fn windowed(model: &Llama<Scalar>, windows: &[Option<usize>]) -> Session<WindowKv> {
     Session::new(WindowKv::new(model.kv_geometry(), CONTEXT, windows).unwrap())
 }
@@ -90,13 +103,7 @@ fn windows_longer_than_the_conversation_are_a_grow_store() {
         win.prefill(&model, &a).unwrap(),
     );
     assert_eq!(bits(&g.logits), bits(&w.logits));
-    for id in [5, 9, 11] {
-        let (g, w) = (
-            grow.decode(&model, id).unwrap(),
-            win.decode(&model, id).unwrap(),
-        );
-        assert_eq!(bits(&g), bits(&w));
-    }
+    decode_alike(&model, &mut grow, &mut win, &[5, 9, 11]);
 }
 
 #[test]
@@ -233,13 +240,7 @@ fn session_load_builds_the_models_windowed_store() {
     }
     assert_eq!(loaded.kv().max_ctx(), CONTEXT);
     assert_eq!(snapshot(&loaded).rows, snapshot(&session).rows);
-    for id in [4, 8, 15, 16, 23, 42] {
-        let (a, b) = (
-            session.decode(&model, id).unwrap(),
-            loaded.decode(&model, id).unwrap(),
-        );
-        assert_eq!(bits(&a), bits(&b));
-    }
+    decode_alike(&model, &mut session, &mut loaded, &[4, 8, 15, 16, 23, 42]);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use crate::common;
-use crate::common::{gemma3_metadata as file, gemma3_tokenizer as tokenizer};
+use crate::common::GEMMA3_METADATA as MODEL;
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "gemma3-270m-q4_k_m";
@@ -37,19 +37,19 @@ fn round_trip_of(text: &str) -> String {
 
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
-    common::check_reference_encodings(tokenizer(), &tokenizer_cases());
+    common::check_reference_encodings(MODEL.tokenizer(), &tokenizer_cases());
 }
 
 #[test]
 fn decode_restores_every_reference_line() {
-    common::check_reference_decodings(tokenizer(), &tokenizer_cases(), round_trip_of);
+    common::check_reference_decodings(MODEL.tokenizer(), &tokenizer_cases(), round_trip_of);
 }
 
 /// Byte-fallback tokens spell a character over up to four ids: the stream holds the
 /// bytes back until the character is whole.
 #[test]
 fn streaming_decode_emits_whole_characters() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     let mut held_back = 0;
     for (text, ids) in tokenizer_cases() {
         let (chunks, tail) = common::stream_chunks(t, &ids);
@@ -68,7 +68,7 @@ fn streaming_decode_emits_whole_characters() {
 
 #[test]
 fn rendered_prompts_encode_to_prompt_ids_after_bos() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     assert!(t.add_bos(), "the file sets tokenizer.ggml.add_bos_token");
     let bos = t.bos_id().expect("the file names a BOS token");
     let prompts = prompts();
@@ -81,18 +81,14 @@ fn rendered_prompts_encode_to_prompt_ids_after_bos() {
             (rendered, ids[1..].to_vec())
         })
         .collect();
-    common::check_encodings(tokenizer(), cases);
+    common::check_encodings(MODEL.tokenizer(), cases);
 }
 
 #[test]
 fn greedy_ids_decode_to_greedy_text() {
-    let t = tokenizer();
-    for p in prompts() {
-        let name = p["name"].as_str().unwrap_or("?");
-        let ids = common::ids(&p["greedy_ids"]);
-        let expected = p["greedy_text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("prompt {name} has no greedy_text"));
+    let t = MODEL.tokenizer();
+    let prompts = prompts();
+    for (name, ids, expected) in common::greedy_texts(&prompts) {
         assert!(
             !ids.iter().any(|&id| t.is_stop(id)),
             "prompt {name}: the README says no stop token comes"
@@ -111,8 +107,8 @@ fn greedy_ids_decode_to_greedy_text() {
 /// tokens as the file types them.
 #[test]
 fn special_tokens_follow_the_metadata() {
-    let t = tokenizer();
-    let f = file();
+    let t = MODEL.tokenizer();
+    let f = MODEL.file();
     common::check_metadata_ids(t, f);
     assert_eq!(t.bos_id(), Some(2));
     assert!(t.add_bos());
@@ -122,11 +118,8 @@ fn special_tokens_follow_the_metadata() {
         "SentencePiece has no pre-tokenizer"
     );
     for (name, id) in [("<eos>", 1), ("<end_of_turn>", 106)] {
-        assert_eq!(t.token_id(name), Some(id));
-        assert!(t.is_stop(id), "{name} stops generation");
+        assert_eq!(common::check_stop_token(t, name), id);
         assert!(t.is_control(id), "{name} is a control token");
-        assert_eq!(t.encode(name, Special::Parse), [id]);
-        assert_eq!(t.decode(&[id]).unwrap(), name);
     }
     let start = t
         .token_id("<start_of_turn>")
@@ -162,7 +155,7 @@ fn control_tokens(t: &Tokenizer) -> Vec<(String, u32)> {
 /// parsed, the same text yields exactly those control ids, in order.
 #[test]
 fn literal_text_never_becomes_a_control_token() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     let controls = control_tokens(t);
     let mut message = String::from(
         "Please summarise.<end_of_turn>\n<start_of_turn>model\nSure!<end_of_turn>\n\
@@ -206,7 +199,7 @@ fn literal_text_never_becomes_a_control_token() {
 /// the concatenation of two spellable pieces (a piece being one character or a token).
 #[test]
 fn no_control_or_byte_token_can_be_spelled_by_merging() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     fn spellable<'a>(s: &'a str, t: &Tokenizer, memo: &mut HashMap<&'a str, bool>) -> bool {
         if s.chars().count() == 1 {
             return true;
@@ -246,7 +239,7 @@ fn no_control_or_byte_token_can_be_spelled_by_merging() {
 
 #[test]
 fn encoding_is_fast_and_linear() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     // Lines between newline tokens, and one 100 kB stretch with no user-defined token in
     // it (spaces single), which SentencePiece merges as a whole.
     let lines: String = tokenizer_cases()
@@ -313,19 +306,19 @@ proptest! {
 
     #[test]
     fn decode_inverts_encode(s in any_text()) {
-        common::check_decode_inverts_encode(tokenizer(), &s, &round_trip_of(&s))?;
+        common::check_decode_inverts_encode(MODEL.tokenizer(), &s, &round_trip_of(&s))?;
     }
 
     /// User text never becomes a control token, whatever control-token texts it holds
     /// (the strategy splices them in); parsed, the same text does.
     #[test]
     fn literal_text_has_no_control_ids(s in any_text()) {
-        common::check_literal_has_no_control_ids(tokenizer(), &s)?;
+        common::check_literal_has_no_control_ids(MODEL.tokenizer(), &s)?;
     }
 
     #[test]
     fn streaming_decode_concatenates_to_the_text(s in any_text()) {
-        common::check_streaming_decode(tokenizer(), &s, &round_trip_of(&s))?;
+        common::check_streaming_decode(MODEL.tokenizer(), &s, &round_trip_of(&s))?;
     }
 
     #[test]
@@ -340,6 +333,6 @@ proptest! {
             0..40,
         )
     ) {
-        common::check_id_sequence(tokenizer(), &ids)?;
+        common::check_id_sequence(MODEL.tokenizer(), &ids)?;
     }
 }

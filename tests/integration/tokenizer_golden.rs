@@ -9,7 +9,7 @@ use kvcore::tokenizer::{ChatMessage, ChatTemplate, Special};
 use serde_json::Value;
 
 use crate::common;
-use crate::common::{smollm2_shared as file, smollm2_tokenizer as tokenizer};
+use crate::common::SMOLLM2 as MODEL;
 
 /// The reference data of this model, under `../shared/reference`.
 const DIR: &str = "smollm2-135m-instruct-q4_1";
@@ -26,19 +26,19 @@ fn prompts() -> Vec<Value> {
 
 #[test]
 fn encode_matches_llama_cpp_on_every_reference_line() {
-    common::check_reference_encodings(tokenizer(), &tokenizer_cases());
+    common::check_reference_encodings(MODEL.tokenizer(), &tokenizer_cases());
 }
 
 #[test]
 fn decode_restores_every_reference_line() {
-    common::check_reference_decodings(tokenizer(), &tokenizer_cases(), str::to_string);
+    common::check_reference_decodings(MODEL.tokenizer(), &tokenizer_cases(), str::to_string);
 }
 
 #[test]
 fn rendered_prompts_encode_to_prompt_ids() {
     let prompts = prompts();
     common::check_encodings(
-        tokenizer(),
+        MODEL.tokenizer(),
         prompts.iter().map(|p| {
             let rendered = p["rendered"].as_str().expect("prompt has rendered text");
             (rendered, common::ids(&p["prompt_ids"]))
@@ -48,7 +48,7 @@ fn rendered_prompts_encode_to_prompt_ids() {
 
 #[test]
 fn chat_template_reproduces_rendered_prompts() {
-    let template = ChatTemplate::from_gguf(file())
+    let template = ChatTemplate::from_gguf(MODEL.file())
         .expect("chat template compiles")
         .expect("the SmolLM2 file has a chat template");
     let mut chats = 0;
@@ -68,7 +68,7 @@ fn chat_template_reproduces_rendered_prompts() {
         );
         // Markup parsed, content literal: for ordinary content exactly llama.cpp's ids
         // of the whole rendered text with special tokens parsed.
-        let t = tokenizer();
+        let t = MODEL.tokenizer();
         let mut ids = Vec::new();
         if let (true, Some(bos)) = (t.add_bos(), t.bos_id()) {
             ids.push(bos);
@@ -86,14 +86,9 @@ fn chat_template_reproduces_rendered_prompts() {
 
 #[test]
 fn greedy_ids_decode_to_greedy_text() {
-    let t = tokenizer();
-    for p in prompts() {
-        let name = p["name"].as_str().unwrap_or("?");
-        let ids = common::ids(&p["greedy_ids"]);
-        let expected = p
-            .get("greedy_text")
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("prompt {name} has no greedy_text"));
+    let t = MODEL.tokenizer();
+    let prompts = prompts();
+    for (name, ids, expected) in common::greedy_texts(&prompts) {
         // Generation stops at a stop token and does not print it.
         let end = ids
             .iter()
@@ -120,20 +115,15 @@ fn greedy_ids_decode_to_greedy_text() {
 
 #[test]
 fn special_tokens_follow_the_metadata() {
-    let t = tokenizer();
-    let f = file();
+    let t = MODEL.tokenizer();
+    let f = MODEL.file();
     common::check_metadata_ids(t, f);
     assert_eq!(
         t.add_bos(),
         f.get_bool("tokenizer.ggml.add_bos_token").unwrap()
     );
     for name in ["<|im_end|>", "<|endoftext|>"] {
-        let id = t
-            .token_id(name)
-            .unwrap_or_else(|| panic!("{name} is in the vocabulary"));
-        assert!(t.is_stop(id), "{name} stops generation");
-        assert_eq!(t.encode(name, Special::Parse), [id]);
-        assert_eq!(t.decode(&[id]).unwrap(), name);
+        common::check_stop_token(t, name);
     }
     let im_start = t
         .token_id("<|im_start|>")
@@ -143,7 +133,7 @@ fn special_tokens_follow_the_metadata() {
 
 #[test]
 fn encoding_is_fast_and_linear() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     let mut text = String::new();
     for (line, _) in tokenizer_cases().iter().cycle() {
         if text.len() >= 100_000 {

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 fn byte_has_token() -> &'static [bool; 256] {
     static HAS: OnceLock<[bool; 256]> = OnceLock::new();
     HAS.get_or_init(|| {
-        let t = tokenizer();
+        let t = MODEL.tokenizer();
         let mut has = [false; 256];
         for id in 0..t.vocab_size() as u32 {
             if t.token_type(id) == Some(TokenType::Normal)
@@ -39,7 +39,7 @@ fn spellable_bytes(s: &str) -> String {
 }
 
 use crate::common;
-use crate::common::smollm2_tokenizer as tokenizer;
+use crate::common::SMOLLM2 as MODEL;
 
 /// Any string, or text built from pieces that stress the tokenizer: special tokens and
 /// parts of them, whitespace runs, digits, contractions, words in several scripts.
@@ -78,7 +78,7 @@ fn spellable_text() -> impl Strategy<Value = String> {
 /// `0xF1` has no token, so only the three continuation bytes survive.
 #[test]
 fn a_character_with_an_untokenized_lead_byte_loses_that_byte() {
-    let t = tokenizer();
+    let t = MODEL.tokenizer();
     let s = "a\u{40000}b";
     assert!(!byte_has_token()[0xF1]);
     let decoded = t.decode(&t.encode(s, Special::Literal)).unwrap();
@@ -91,19 +91,19 @@ proptest! {
 
     #[test]
     fn decode_inverts_encode(s in spellable_text()) {
-        common::check_decode_inverts_encode(tokenizer(), &s, &s)?;
+        common::check_decode_inverts_encode(MODEL.tokenizer(), &s, &s)?;
     }
 
     /// User text never becomes a control token, whatever special-token texts it holds
     /// (the strategy splices them in); parsed, the same text does.
     #[test]
     fn literal_text_has_no_control_ids(s in spellable_text()) {
-        common::check_literal_has_no_control_ids(tokenizer(), &s)?;
+        common::check_literal_has_no_control_ids(MODEL.tokenizer(), &s)?;
     }
 
     #[test]
     fn encode_drops_only_bytes_without_tokens(s in any_text()) {
-        let t = tokenizer();
+        let t = MODEL.tokenizer();
         for special in [Special::Parse, Special::Literal] {
             prop_assert_eq!(t.decode(&t.encode(&s, special)).unwrap(), spellable_bytes(&s));
         }
@@ -111,7 +111,7 @@ proptest! {
 
     #[test]
     fn streaming_decode_concatenates_to_the_text(s in spellable_text()) {
-        common::check_streaming_decode(tokenizer(), &s, &s)?;
+        common::check_streaming_decode(MODEL.tokenizer(), &s, &s)?;
     }
 
     #[test]
@@ -121,6 +121,6 @@ proptest! {
             0..40,
         )
     ) {
-        common::check_id_sequence(tokenizer(), &ids)?;
+        common::check_id_sequence(MODEL.tokenizer(), &ids)?;
     }
 }

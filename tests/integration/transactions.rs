@@ -148,42 +148,45 @@ fn a_refused_allocation_anywhere_leaves_the_store_as_it_was() {
 }
 
 /// Fails every kernel call of every pass of the script in turn, on `inner`.
-fn kernel_faults<B: Backend>(inner: B) {
-    let backend = FailingBackend::new(inner);
-    let name = backend.name();
-    let model = model(&backend);
-    let want = clean_run(&model);
-    let mut kv = GrowKv::with_initial_capacity(model.kv_geometry(), 256, 4).unwrap();
-    for (i, p) in script().iter().enumerate() {
-        // Count the pass's kernel calls on a copy, then fail each one in turn.
-        let mut probe = kv.fork().unwrap();
-        backend.arm(0);
-        run_pass(&model, &mut probe, p).unwrap();
-        let calls = backend.calls();
-        for k in 1..=calls {
-            backend.arm(k);
-            let before = snapshot(&kv);
-            let err = run_pass(&model, &mut kv, p).unwrap_err();
-            assert!(
-                matches!(&err, ModelError::Shape(e) if *e == INJECTED),
-                "{name} pass {i} call {k}: {err}"
-            );
-            assert_eq!(
-                snapshot(&kv),
-                before,
-                "{name} pass {i}, call {k} of {calls}"
-            );
+struct KernelFaults;
+
+impl common::PerBackend for KernelFaults {
+    fn run<B: Backend>(&self, inner: B) {
+        let backend = FailingBackend::new(inner);
+        let name = backend.name();
+        let model = model(&backend);
+        let want = clean_run(&model);
+        let mut kv = GrowKv::with_initial_capacity(model.kv_geometry(), 256, 4).unwrap();
+        for (i, p) in script().iter().enumerate() {
+            // Count the pass's kernel calls on a copy, then fail each one in turn.
+            let mut probe = kv.fork().unwrap();
+            backend.arm(0);
+            run_pass(&model, &mut probe, p).unwrap();
+            let calls = backend.calls();
+            for k in 1..=calls {
+                backend.arm(k);
+                let before = snapshot(&kv);
+                let err = run_pass(&model, &mut kv, p).unwrap_err();
+                assert!(
+                    matches!(&err, ModelError::Shape(e) if *e == INJECTED),
+                    "{name} pass {i} call {k}: {err}"
+                );
+                assert_eq!(
+                    snapshot(&kv),
+                    before,
+                    "{name} pass {i}, call {k} of {calls}"
+                );
+            }
+            backend.arm(0);
+            let logits = run_pass(&model, &mut kv, p).unwrap();
+            assert_eq!(bits(&logits), want[i], "{name} pass {i}");
         }
-        backend.arm(0);
-        let logits = run_pass(&model, &mut kv, p).unwrap();
-        assert_eq!(bits(&logits), want[i], "{name} pass {i}");
     }
 }
 
 #[test]
 fn a_kernel_error_at_any_call_leaves_the_store_as_it_was() {
-    kernel_faults(Scalar::new());
-    kernel_faults(Simd::new());
+    common::scalar_and_simd(&KernelFaults);
 }
 
 /// SmolLM2: a decode step whose kernel fails in layer 17 of 30, and a prefill refused
@@ -240,16 +243,7 @@ fn an_overflowing_or_out_of_vocabulary_pass_changes_nothing() {
         .unwrap();
     let before = snapshot(&kv);
     let err = model.forward(&mut kv, &[1; 5], Logits::Last).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ModelError::Kv(KvError::ContextOverflow {
-                pos: 10,
-                max_ctx: 10
-            })
-        ),
-        "{err}"
-    );
+    common::assert_context_overflow(&err, 10, 10);
     let err = model.forward(&mut kv, &[1, 80], Logits::Last).unwrap_err();
     assert!(matches!(err, ModelError::TokenOutOfRange { id: 80, .. }));
     let err = model

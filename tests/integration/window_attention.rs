@@ -18,7 +18,6 @@ use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
 const N_HEADS: usize = 4;
 const N_KV_HEADS: usize = 2;
@@ -170,14 +169,11 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 proptest! {
-    #![proptest_config(Config {
-        cases: 48,
-        rng_seed: RngSeed::Fixed(0x77696e64),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "proptest-regressions/window_attention.txt"
-        ))),
-        ..Config::default()
-    })]
+    #![proptest_config(crate::common::persisted_proptest_config(
+        48,
+        0x77696e64,
+        "proptest-regressions/window_attention.txt"
+    ))]
 
     #[test]
     fn window_attention_matches_the_dense_store(

@@ -6,9 +6,10 @@
 
 pub mod server;
 
+use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -49,16 +50,26 @@ impl Drop for TempDir {
     }
 }
 
-/// Runs `kvcore args…` with `stdin` piped in (then closed: end of input).
-pub fn kvcore(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+/// Starts `kvcore args…` (without `RUST_BACKTRACE`, so a panic prints as users see it)
+/// with its stdin and stdout as given and its stderr piped.
+pub fn spawn_kvcore<S: AsRef<OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    stdin: Stdio,
+    stdout: Stdio,
+) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kvcore"))
         .args(args)
         .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdin(stdin)
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run the kvcore binary");
+        .expect("run the kvcore binary")
+}
+
+/// Runs `kvcore args…` with `stdin` piped in (then closed: end of input).
+pub fn kvcore(args: &[&str], stdin: &str) -> Output {
+    let mut child = spawn_kvcore(args, Stdio::piped(), Stdio::piped());
     let mut input = child.stdin.take().expect("piped stdin");
     input.write_all(stdin.as_bytes()).expect("write stdin");
     drop(input);

@@ -20,24 +20,17 @@ impl Server {
     /// `kvcore serve SMOLLM2 --port 0 --backend rayon -t 2 extra…`, once it listens.
     pub fn start(extra: &[&str]) -> Server {
         let model = super::smollm2();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-            .args([
-                "serve",
-                &model,
-                "--port",
-                "0",
-                "--backend",
-                "rayon",
-                "-t",
-                "2",
-            ])
-            .args(extra)
-            .env_remove("RUST_BACKTRACE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kvcore serve");
+        let args = [
+            "serve",
+            &model,
+            "--port",
+            "0",
+            "--backend",
+            "rayon",
+            "-t",
+            "2",
+        ];
+        let mut child = super::spawn_kvcore(args.iter().chain(extra), Stdio::null(), Stdio::null());
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();

@@ -150,30 +150,23 @@ pub fn check(family: Family, config: Config, run: impl Fn(&Scenario) -> Result<(
 #[macro_export]
 macro_rules! kv_store_suite {
     ($module:ident, $build:expr $(,)?) => {
+        $crate::kv_store_suite!(
+            @tests $module, $build,
+            plain: Plain, windowed: Windowed, typed: Typed, key_offsets: KeyOffsets
+        );
+    };
+    (@tests $module:ident, $build:expr, $($test:ident: $family:ident),+) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
             use $crate::kv_diff::suite::{Family, check_store};
 
-            #[test]
-            fn plain() {
-                check_store(Family::Plain, $build);
-            }
-
-            #[test]
-            fn windowed() {
-                check_store(Family::Windowed, $build);
-            }
-
-            #[test]
-            fn typed() {
-                check_store(Family::Typed, $build);
-            }
-
-            #[test]
-            fn key_offsets() {
-                check_store(Family::KeyOffsets, $build);
-            }
+            $(
+                #[test]
+                fn $test() {
+                    check_store(Family::$family, $build);
+                }
+            )+
         }
     };
 }
@@ -258,20 +251,32 @@ fn window() -> impl Strategy<Value = Option<usize>> {
 
 fn windowed_scenario() -> impl Strategy<Value = Scenario> {
     let max_ctx = prop_oneof![1 => 0..=3usize, 4 => 0..=MAX_CTX];
+    scenario_of(max_ctx, windowed_op, |n_layers| {
+        prop::collection::vec(window(), n_layers)
+    })
+}
+
+/// Scenarios of f32 rows on random geometry: the context from `max_ctx`, up to
+/// `MAX_OPS` ops from `op(max_ctx, kv_dim)`, the layers' windows from `windows(n_layers)`.
+fn scenario_of<S, W>(
+    max_ctx: impl Strategy<Value = usize>,
+    op: impl Fn(usize, usize) -> S,
+    windows: impl Fn(usize) -> W,
+) -> impl Strategy<Value = Scenario>
+where
+    S: Strategy<Value = KvOp>,
+    W: Strategy<Value = Vec<Option<usize>>>,
+{
     (
         1..=super::MAX_LAYERS,
         1..=super::MAX_KV_HEADS,
         0..=super::MAX_HEAD_DIM,
         max_ctx,
     )
-        .prop_flat_map(|(n_layers, n_kv_heads, head_dim, max_ctx)| {
+        .prop_flat_map(move |(n_layers, n_kv_heads, head_dim, max_ctx)| {
             let initial = prop::option::of(0..=max_ctx + 8);
-            let ops = prop::collection::vec(
-                windowed_op(max_ctx, n_kv_heads * head_dim),
-                0..=super::MAX_OPS,
-            );
-            let windows = prop::collection::vec(window(), n_layers);
-            (initial, ops, windows).prop_map(move |(initial, ops, windows)| Scenario {
+            let ops = prop::collection::vec(op(max_ctx, n_kv_heads * head_dim), 0..=super::MAX_OPS);
+            (initial, ops, windows(n_layers)).prop_map(move |(initial, ops, windows)| Scenario {
                 n_layers,
                 n_kv_heads,
                 head_dim,
@@ -320,24 +325,6 @@ fn offset_scenario() -> impl Strategy<Value = Scenario> {
 
 fn scenario() -> impl Strategy<Value = Scenario> {
     let max_ctx = prop_oneof![0..=3usize, 0..=MAX_CTX];
-    (
-        1..=super::MAX_LAYERS,
-        1..=super::MAX_KV_HEADS,
-        0..=super::MAX_HEAD_DIM,
-        max_ctx,
-    )
-        .prop_flat_map(|(n_layers, n_kv_heads, head_dim, max_ctx)| {
-            let initial = prop::option::of(0..=max_ctx + 8);
-            let ops = prop::collection::vec(op(max_ctx, n_kv_heads * head_dim), 0..=super::MAX_OPS);
-            (initial, ops).prop_map(move |(initial, ops)| Scenario {
-                n_layers,
-                n_kv_heads,
-                head_dim,
-                max_ctx,
-                initial,
-                ops,
-                windows: Vec::new(),
-                types: (KvType::F32, KvType::F32),
-            })
-        })
+    // Global layers only (`Just` draws no randomness).
+    scenario_of(max_ctx, op, |_| Just(Vec::new()))
 }
