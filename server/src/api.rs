@@ -148,23 +148,31 @@ pub trait Body: Sized {
     /// The field that holds the prompt (`messages`, `prompt`).
     const PROMPT: &'static str;
     /// Reads the body from its JSON.
-    fn from_json(v: &Value) -> Result<Self, serde_path_to_error::Error<serde_json::Error>>;
+    fn from_json(v: &Value) -> Result<Self, PathError>;
+}
+
+type PathError = serde_path_to_error::Error<serde_json::Error>;
+
+/// An endpoint's own fields and the shared ones, from one JSON object.
+fn fields<F: DeserializeOwned>(v: &Value) -> Result<(F, Common), PathError> {
+    Ok((
+        serde_path_to_error::deserialize(v)?,
+        serde_path_to_error::deserialize(v)?,
+    ))
 }
 
 impl Body for ChatRequest {
     const PROMPT: &'static str = "messages";
-    fn from_json(v: &Value) -> Result<Self, serde_path_to_error::Error<serde_json::Error>> {
-        let ChatFields { messages } = serde_path_to_error::deserialize(v)?;
-        let common = serde_path_to_error::deserialize(v)?;
+    fn from_json(v: &Value) -> Result<Self, PathError> {
+        let (ChatFields { messages }, common) = fields(v)?;
         Ok(ChatRequest { messages, common })
     }
 }
 
 impl Body for CompletionRequest {
     const PROMPT: &'static str = "prompt";
-    fn from_json(v: &Value) -> Result<Self, serde_path_to_error::Error<serde_json::Error>> {
-        let CompletionFields { prompt } = serde_path_to_error::deserialize(v)?;
-        let common = serde_path_to_error::deserialize(v)?;
+    fn from_json(v: &Value) -> Result<Self, PathError> {
+        let (CompletionFields { prompt }, common) = fields(v)?;
         Ok(CompletionRequest { prompt, common })
     }
 }
@@ -186,11 +194,6 @@ pub fn parse<T: Body>(body: &[u8]) -> Checked<T> {
             )
         }
     })
-}
-
-/// Reads one field of a body alone (the fuzz target and tests).
-pub fn parse_value<T: DeserializeOwned>(v: &Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(v).map_err(|e| format!("{}: {}", e.path(), e.inner()))
 }
 
 /// The limits a request is checked against.
