@@ -430,7 +430,7 @@ def accounting():
 
 def threads():
     t = time.monotonic()
-    r = subprocess.run([BINARY, "generate", MODEL, "-t", "1000", "-n", "4", "-p", "Hello", "--temperature", "0"],
+    r = subprocess.run([BINARY, "generate", MODEL, "-t", "1000", "-n", "4", "-p", "Hello", "--temp", "0"],
                        capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t
     check(r.returncode == 0 and "--threads 1000 is more than the" in r.stderr and "using" in r.stderr
