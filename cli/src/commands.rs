@@ -39,16 +39,25 @@ pub fn threads(m: &ModelArgs) -> anyhow::Result<usize> {
                     "kvcore: warning: the {} backend runs on one thread; --threads {n} applies to --backend rayon",
                     m.backend
                 );
-            } else if n > cores() {
-                eprintln!(
-                    "kvcore: warning: --threads {n} is more than the {} cores of this machine; \
-                     threads that outnumber cores make decoding much slower (the default is one per core)",
-                    cores()
-                );
             }
-            Ok(n)
+            Ok(clamp_threads(n))
         }
         None => Ok(cores()),
+    }
+}
+
+/// `n`, or the machine's cores when `n` is more, said in one line: workers that
+/// outnumber the cores spin waiting for each other and slow every step down many times.
+fn clamp_threads(n: usize) -> usize {
+    let c = cores();
+    if n > c {
+        eprintln!(
+            "kvcore: --threads {n} is more than the {c} cores of this machine: using {c} \
+             (threads that outnumber cores wait on each other's spinning and make decoding much slower)"
+        );
+        c
+    } else {
+        n
     }
 }
 
@@ -634,9 +643,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let path = model_path(&a.model)?;
     let threads = if a.threads.is_empty() {
-        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+        vec![cores()]
     } else {
-        a.threads.clone()
+        let mut t: Vec<usize> = a.threads.iter().map(|&n| clamp_threads(n)).collect();
+        t.dedup();
+        t
     };
     let plan = crate::bench::Plan {
         prompt_sizes: a.prompt.clone(),

@@ -82,7 +82,8 @@ struct ServeArgs {
     /// Positions per KV block (the prefix cache shares whole blocks).
     #[arg(long, default_value_t = 64)]
     block_len: usize,
-    /// Positions per sequence [default: the model's trained context].
+    /// Positions per sequence [default: the model's trained context, or the positions
+    /// --kv-budget holds when fewer].
     #[arg(short = 'c', long)]
     ctx: Option<usize>,
     /// Prompt tokens per prefill chunk (rounded up to whole blocks). A prompt is read in
@@ -100,9 +101,19 @@ struct ServeArgs {
     activations: Activations,
     #[command(flatten)]
     kv_types: KvTypeArgs,
-    /// Seconds running requests may go on after SIGTERM before they are cancelled.
+    /// Seconds running requests may go on after SIGTERM before they are cancelled; every
+    /// connection is closed at most a second after that, whatever its client does.
     #[arg(long, default_value_t = 10.0)]
     shutdown_timeout: f64,
+    /// Seconds a client has to send a request's head, counted from when the server
+    /// waits for it: on a new connection, or for the next request on a keep-alive one
+    /// (so also how long a connection may stay idle); then the connection is closed.
+    #[arg(long, default_value_t = 10.0)]
+    timeout_headers: f64,
+    /// Seconds a client has to send a request's body once its head arrived; then the
+    /// answer is a 408.
+    #[arg(long, default_value_t = 30.0)]
+    timeout_body: f64,
     /// The model's name in /v1/models [default: the file's name].
     #[arg(long)]
     model_id: Option<String>,

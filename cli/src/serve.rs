@@ -4,7 +4,7 @@ use crate::ServeArgs;
 use crate::commands::model_path;
 use anyhow::Context;
 use kvcore_engine::{Engine, Options};
-use kvcore_server::{ServeConfig, serve as run_server};
+use kvcore_server::{HttpLimits, ServeConfig, Server};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,8 +59,13 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         ctx: a.ctx,
         prefill_chunk: a.prefill_chunk,
         batch_tokens: a.batch_tokens,
-        shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        shutdown_timeout: seconds("--shutdown-timeout", a.shutdown_timeout)?,
         model_id,
+        http: HttpLimits {
+            headers: seconds("--timeout-headers", a.timeout_headers)?,
+            body: seconds("--timeout-body", a.timeout_body)?,
+            ..HttpLimits::default()
+        },
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -72,6 +77,15 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        let engine = Arc::new(engine);
+        let server = Server::new(engine.clone(), &config)?;
+        let l = server.limits();
+        eprintln!(
+            "kvcore serve: the KV budget of {} bytes holds {} sequences of the whole context ({} positions) at once",
+            l.kv_budget,
+            l.full_sequences(),
+            l.ctx
+        );
         eprintln!(
             "kvcore serve: {} on {} ({} threads, {}), listening on http://{local}",
             engine.path().display(),
@@ -89,8 +103,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             }
             eprintln!("kvcore serve: shutting down");
         };
-        run_server(Arc::new(engine), listener, config, shutdown).await?;
+        server.run(listener, shutdown).await?;
         eprintln!("kvcore serve: stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// A duration from seconds, refused when negative, not finite or too large.
+fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| anyhow::anyhow!("{flag} {s}: a number of seconds, 0 or more"))
 }

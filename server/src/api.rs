@@ -3,14 +3,15 @@
 //!
 //! A field the server does not know is ignored (clients send many); a known field of
 //! the wrong type, a value out of range, or a feature the server does not have (`n > 1`,
-//! log-probabilities, tools) is refused with a 400 that names it, never silently
-//! dropped.
+//! log-probabilities, tools) is refused with a 400 whose `param` is the field's path
+//! (`max_tokens`, `messages[2].content`), never silently dropped.
 
 use crate::scheduler::{Job, Summary};
 use kvcore_engine::kvcore::model::{GenerateParams, SamplerParams, token_room};
 use kvcore_engine::kvcore::tokenizer::ChatMessage;
 use kvcore_engine::{Engine, FinishReason};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 /// A request the server refuses, with the OpenAI error's `param` when one field is at
@@ -19,15 +20,15 @@ use serde_json::{Value, json};
 pub struct BadRequest {
     /// What is wrong.
     pub message: String,
-    /// The field, if one is at fault.
-    pub param: Option<&'static str>,
+    /// The field's path, if one is at fault.
+    pub param: Option<String>,
 }
 
 impl BadRequest {
-    fn new(message: impl Into<String>, param: Option<&'static str>) -> Self {
+    fn new(message: impl Into<String>, param: Option<&str>) -> Self {
         BadRequest {
             message: message.into(),
-            param,
+            param: param.map(str::to_owned),
         }
     }
 }
@@ -85,12 +86,16 @@ struct StreamOptions {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct ChatRequest {
     messages: Vec<Message>,
     /// The shared fields.
-    #[serde(flatten)]
     pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatFields {
+    messages: Vec<Message>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -116,12 +121,16 @@ struct Part {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct CompletionRequest {
     prompt: Prompt,
     /// The shared fields.
-    #[serde(flatten)]
     pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionFields {
+    prompt: Prompt,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,11 +142,58 @@ enum Prompt {
     IdLists(Vec<Vec<u32>>),
 }
 
-/// Parses a body, naming what serde found wrong ("invalid type: string \"hot\",
-/// expected f32 at line 1 column 24").
-pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Checked<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| BadRequest::new(format!("invalid request body: {e}"), None))
+/// A request body: its endpoint's own fields and the shared ones, each read from the
+/// same JSON object (not with `#[serde(flatten)]`, which would hide a field's path).
+pub trait Body: Sized {
+    /// The field that holds the prompt (`messages`, `prompt`).
+    const PROMPT: &'static str;
+    /// Reads the body from its JSON.
+    fn from_json(v: &Value) -> Result<Self, PathError>;
+}
+
+type PathError = serde_path_to_error::Error<serde_json::Error>;
+
+/// An endpoint's own fields and the shared ones, from one JSON object.
+fn fields<F: DeserializeOwned>(v: &Value) -> Result<(F, Common), PathError> {
+    Ok((
+        serde_path_to_error::deserialize(v)?,
+        serde_path_to_error::deserialize(v)?,
+    ))
+}
+
+impl Body for ChatRequest {
+    const PROMPT: &'static str = "messages";
+    fn from_json(v: &Value) -> Result<Self, PathError> {
+        let (ChatFields { messages }, common) = fields(v)?;
+        Ok(ChatRequest { messages, common })
+    }
+}
+
+impl Body for CompletionRequest {
+    const PROMPT: &'static str = "prompt";
+    fn from_json(v: &Value) -> Result<Self, PathError> {
+        let (CompletionFields { prompt }, common) = fields(v)?;
+        Ok(CompletionRequest { prompt, common })
+    }
+}
+
+/// Parses a body, naming what serde found wrong and where: "invalid request body:
+/// max_tokens: invalid type: string \"ten\", expected u64" with `param` `max_tokens`.
+pub fn parse<T: Body>(body: &[u8]) -> Checked<T> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| BadRequest::new(format!("invalid request body: {e}"), None))?;
+    T::from_json(&v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            BadRequest::new(format!("invalid request body: {inner}"), None)
+        } else {
+            BadRequest::new(
+                format!("invalid request body: {path}: {inner}"),
+                Some(&path),
+            )
+        }
+    })
 }
 
 /// The limits a request is checked against.
@@ -151,6 +207,19 @@ pub struct Limits {
     pub block_len: usize,
     /// Bytes per block.
     pub block_bytes: usize,
+}
+
+impl Limits {
+    /// Positions the KV budget holds (whole blocks).
+    pub fn budget_positions(&self) -> usize {
+        (self.kv_budget / self.block_bytes.max(1)).saturating_mul(self.block_len)
+    }
+
+    /// Sequences of the whole context the KV budget holds at once.
+    pub fn full_sequences(&self) -> usize {
+        let per_seq = self.ctx.div_ceil(self.block_len.max(1)).max(1);
+        (self.kv_budget / self.block_bytes.max(1)) / per_seq
+    }
 }
 
 impl ChatRequest {
@@ -258,9 +327,11 @@ impl Common {
             .unwrap_or(false)
     }
 
-    /// Checks every field and makes the scheduler's job (without its channel).
-    pub fn job(&self, prompt: Vec<u32>, limits: Limits) -> Checked<Job> {
-        let bad = |m: String, p: &'static str| Err(BadRequest::new(m, Some(p)));
+    /// Checks every field and makes the scheduler's job (without its channel); a
+    /// prompt at fault is named `prompt_field`. Without `max_tokens` the request
+    /// generates up to what the context and the KV budget hold (ending with "length").
+    pub fn job(&self, prompt: Vec<u32>, limits: Limits, prompt_field: &str) -> Checked<Job> {
+        let bad = |m: String, p: &str| Err(BadRequest::new(m, Some(p)));
         if self.n.is_some_and(|n| n != 1) {
             return bad("n must be 1: one choice per request".into(), "n");
         }
@@ -305,7 +376,7 @@ impl Common {
         }
         let ctx = limits.ctx;
         if prompt.is_empty() {
-            return bad("the prompt is empty".into(), "prompt");
+            return bad("the prompt is empty".into(), prompt_field);
         }
         // The decoder's budget rule (`kvcore::model::token_room`): every generated token
         // but the last is run, so a prompt of the whole context still gets one token.
@@ -315,9 +386,21 @@ impl Common {
                     "the prompt is {} tokens, longer than the context of {ctx} positions",
                     prompt.len()
                 ),
-                "messages",
+                prompt_field,
             );
         };
+        // The positions the KV budget holds: the last generated token is never run.
+        let held = limits.budget_positions();
+        if prompt.len() > held {
+            return bad(
+                format!(
+                    "the prompt is {} tokens, more than the {held} positions the server's KV budget of {} bytes holds",
+                    prompt.len(),
+                    limits.kv_budget
+                ),
+                prompt_field,
+            );
+        }
         // Both names are checked; the newer one wins when both are given.
         for (asked, name) in [
             (self.max_tokens, "max_tokens"),
@@ -340,7 +423,7 @@ impl Common {
         let max_new = self
             .max_completion_tokens
             .or(self.max_tokens)
-            .map_or(room, |n| n as usize);
+            .map_or(room.min(held + 1 - prompt.len()), |n| n as usize);
         // The positions the cache holds at the end: the last token is never run.
         let positions = prompt.len() + max_new - 1;
         let bytes = positions.div_ceil(limits.block_len) * limits.block_bytes;
@@ -350,7 +433,11 @@ impl Common {
                     "{positions} positions need {bytes} bytes of KV cache, more than the server's budget of {} bytes; ask for fewer max_tokens",
                     limits.kv_budget
                 ),
-                "max_tokens",
+                if self.max_completion_tokens.is_some() {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                },
             );
         }
         let seed = match self.seed {

@@ -1,12 +1,19 @@
-//! The HTTP side: routes, admission, and turning the scheduler's events into OpenAI
-//! bodies and server-sent events. Nothing here touches the model.
+//! The HTTP side: routes, the request guard (header size, content type, body size and
+//! time), admission, and turning the scheduler's events into OpenAI bodies and
+//! server-sent events. Every error, whatever its status, is an OpenAI error object.
+//!
+//! The runtime thread only moves bytes: parsing a body, rendering the chat template and
+//! tokenizing run on tokio's blocking pool ([`prepare`]), so `/health` and `/metrics`
+//! answer at once whatever the requests hold.
 
-use crate::api::{self, BadRequest, ChatRequest, Common, CompletionRequest, Limits};
+use crate::HttpLimits;
+use crate::api::{self, BadRequest, Body, ChatRequest, CompletionRequest, Limits};
 use crate::scheduler::{Event, Job, State, Summary};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State as Extract;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Request, State as Extract};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,6 +32,8 @@ pub(crate) struct App {
     pub(crate) state: Arc<State>,
     pub(crate) jobs: mpsc::Sender<Job>,
     pub(crate) limits: Limits,
+    pub(crate) http: HttpLimits,
+    pub(crate) parallel: usize,
     pub(crate) model_id: String,
     pub(crate) next_id: AtomicU64,
 }
@@ -39,8 +48,134 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/props", get(props))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
+}
+
+/// Before any route: refuses header fields beyond their limit (431), a body that is not
+/// JSON (415), too large (413) or too slow (408); reads the body whole; and while the
+/// server drains, asks the client to close the connection.
+async fn guard(Extract(app): Extract<Shared>, req: Request, next: Next) -> Response {
+    let limits = app.http;
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    let mut response = if header_bytes > limits.max_header_bytes {
+        error(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            &format!(
+                "the request's header fields are {header_bytes} bytes, more than the server's {}",
+                limits.max_header_bytes
+            ),
+            "invalid_request_error",
+            None,
+            Some("headers_too_large"),
+        )
+    } else if let Some(refused) = refuse_content_type(&req) {
+        refused
+    } else {
+        let (parts, body) = req.into_parts();
+        match read_body(body, limits, &parts.headers).await {
+            Ok(bytes) => {
+                next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                    .await
+            }
+            Err(refused) => refused,
+        }
+    };
+    if app.state.draining.load(Ordering::SeqCst) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A POST whose body says it is not JSON: 415 (no `Content-Type` is read as JSON).
+fn refuse_content_type(req: &Request) -> Option<Response> {
+    if req.method() != Method::POST {
+        return None;
+    }
+    let value = req.headers().get(header::CONTENT_TYPE)?;
+    let kind = value.to_str().unwrap_or("");
+    let essence = kind
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json" || essence.ends_with("+json") {
+        return None;
+    }
+    Some(error(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        &format!("Content-Type {kind:?}: the server reads application/json bodies"),
+        "invalid_request_error",
+        None,
+        Some("unsupported_media_type"),
+    ))
+}
+
+/// The whole body, within the byte limit (413) and the time limit (408).
+async fn read_body(
+    body: axum::body::Body,
+    limits: HttpLimits,
+    headers: &axum::http::HeaderMap,
+) -> Result<Bytes, Response> {
+    let too_large = |what: String| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "the request body is {what}, more than the server's limit of {} bytes",
+                limits.max_body
+            ),
+            "invalid_request_error",
+            None,
+            Some("body_too_large"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > limits.max_body as u64) {
+        return Err(too_large(format!("{n} bytes")));
+    }
+    match tokio::time::timeout(limits.body, axum::body::to_bytes(body, limits.max_body)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let inner = e.into_inner();
+            if inner.is::<http_body_util::LengthLimitError>() {
+                Err(too_large("larger".into()))
+            } else {
+                Err(error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the request body could not be read: {inner}"),
+                    "invalid_request_error",
+                    None,
+                    None,
+                ))
+            }
+        }
+        Err(_) => {
+            let mut r = error(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the request body did not arrive within {:?}", limits.body),
+                "invalid_request_error",
+                None,
+                Some("timeout"),
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(r)
+        }
+    }
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
@@ -68,7 +203,7 @@ fn bad(app: &App, b: BadRequest) -> Response {
         StatusCode::BAD_REQUEST,
         &b.message,
         "invalid_request_error",
-        b.param,
+        b.param.as_deref(),
         None,
     )
 }
@@ -90,13 +225,42 @@ fn unavailable(message: &str) -> Response {
     r
 }
 
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /props, GET /health and GET /metrics";
+
 async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
-        "no such route: the server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /health and /metrics",
+        &format!("no such route: the server has {ROUTES}"),
         "invalid_request_error",
         None,
         Some("not_found"),
+    )
+}
+
+async fn method_not_allowed(method: Method) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("method {method} is not allowed here: the server has {ROUTES}"),
+        "invalid_request_error",
+        None,
+        Some("method_not_allowed"),
+    )
+}
+
+/// The server's settings, as llama-server's `/props` names them where it has them.
+async fn props(Extract(app): Extract<Shared>) -> Response {
+    let l = app.limits;
+    json_response(
+        StatusCode::OK,
+        json!({
+            "model_alias": app.model_id,
+            "total_slots": app.parallel,
+            "default_generation_settings": {"n_ctx": l.ctx},
+            "kv_budget_bytes": l.kv_budget,
+            "kv_block_len": l.block_len,
+            "kv_block_bytes": l.block_bytes,
+            "kv_budget_full_context_sequences": l.full_sequences(),
+        }),
     )
 }
 
@@ -137,32 +301,77 @@ enum Kind {
 }
 
 async fn chat(Extract(app): Extract<Shared>, body: Bytes) -> Response {
-    let req: ChatRequest = match api::parse(&body) {
-        Ok(r) => r,
-        Err(b) => return bad(&app, b),
-    };
-    match req.prompt_ids(&app.engine) {
-        Ok(ids) => start(app, Kind::Chat, &req.common, ids).await,
-        Err(b) => bad(&app, b),
-    }
+    start::<ChatRequest>(app, Kind::Chat, body).await
 }
 
 async fn completions(Extract(app): Extract<Shared>, body: Bytes) -> Response {
-    let req: CompletionRequest = match api::parse(&body) {
-        Ok(r) => r,
-        Err(b) => return bad(&app, b),
-    };
-    match req.prompt_ids(&app.engine) {
-        Ok(ids) => start(app, Kind::Text, &req.common, ids).await,
-        Err(b) => bad(&app, b),
+    start::<CompletionRequest>(app, Kind::Text, body).await
+}
+
+/// A request's prompt ids, for either endpoint.
+trait Prompted: Body + Send + 'static {
+    fn ids(&self, engine: &Engine) -> Result<Vec<u32>, BadRequest>;
+    fn common(&self) -> &api::Common;
+}
+
+impl Prompted for ChatRequest {
+    fn ids(&self, engine: &Engine) -> Result<Vec<u32>, BadRequest> {
+        self.prompt_ids(engine)
+    }
+    fn common(&self) -> &api::Common {
+        &self.common
     }
 }
 
-/// Checks, admits and hands a request to the scheduler; answers as it asked.
-async fn start(app: Shared, kind: Kind, common: &Common, prompt: Vec<u32>) -> Response {
-    let job = match common.job(prompt, app.limits) {
-        Ok(j) => j,
-        Err(b) => return bad(&app, b),
+impl Prompted for CompletionRequest {
+    fn ids(&self, engine: &Engine) -> Result<Vec<u32>, BadRequest> {
+        self.prompt_ids(engine)
+    }
+    fn common(&self) -> &api::Common {
+        &self.common
+    }
+}
+
+/// What the answer repeats of the request.
+struct Asked {
+    model: Option<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Parses, renders, tokenizes and checks a body: the CPU-bound part of a request.
+fn prepare<R: Prompted>(app: &App, body: &[u8]) -> Result<(Job, Asked), BadRequest> {
+    let req: R = api::parse(body)?;
+    let ids = req.ids(&app.engine)?;
+    let common = req.common();
+    let job = common.job(ids, app.limits, R::PROMPT)?;
+    let asked = Asked {
+        model: common.model.clone(),
+        stream: common.stream == Some(true),
+        include_usage: common.include_usage(),
+    };
+    Ok((job, asked))
+}
+
+/// Checks (off the runtime thread), admits and hands a request to the scheduler;
+/// answers as it asked.
+async fn start<R: Prompted>(app: Shared, kind: Kind, body: Bytes) -> Response {
+    let prepared = {
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || prepare::<R>(&app, &body)).await
+    };
+    let (job, asked) = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(b)) => return bad(&app, b),
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("the request could not be prepared: {e}"),
+                "server_error",
+                None,
+                None,
+            );
+        }
     };
     if app.state.draining.load(Ordering::SeqCst) {
         api_metrics_add(&app.state.metrics.rejected);
@@ -185,11 +394,11 @@ async fn start(app: Shared, kind: Kind, common: &Common, prompt: Vec<u32>) -> Re
             Kind::Text => format!("cmpl-{n}"),
         },
         created: api::now(),
-        model: common.model.clone().unwrap_or_else(|| app.model_id.clone()),
+        model: asked.model.unwrap_or_else(|| app.model_id.clone()),
         kind,
     };
-    if common.stream == Some(true) {
-        stream(head, rx, common.include_usage())
+    if asked.stream {
+        stream(head, rx, asked.include_usage)
     } else {
         whole(head, rx).await
     }

@@ -19,6 +19,9 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Requests that ended with an error (shutdown deadline, KV pool exhausted).
     pub failed: AtomicU64,
+    /// Times a running request gave its blocks back and went back to the queue (the
+    /// request is counted once in the others).
+    pub requeued: AtomicU64,
     /// Prompt tokens of admitted requests.
     pub prompt_tokens: AtomicU64,
     /// Of those, tokens served from the prefix cache.
@@ -51,7 +54,7 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} {kind}");
             let _ = writeln!(out, "{name} {value}");
         };
-        let counters: [(&str, &str, &AtomicU64); 11] = [
+        let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "kvcore_requests_total",
                 "Requests accepted.",
@@ -81,6 +84,11 @@ impl Metrics {
                 "kvcore_requests_failed_total",
                 "Requests that ended with an error.",
                 &self.failed,
+            ),
+            (
+                "kvcore_requests_requeued_total",
+                "Times a running request went back to the queue for KV blocks.",
+                &self.requeued,
             ),
             (
                 "kvcore_prompt_tokens_total",

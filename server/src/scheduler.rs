@@ -74,6 +74,8 @@ pub struct Job {
     prompt: Vec<u32>,
     params: GenerateParams,
     events: Option<UnboundedSender<Event>>,
+    /// Admitted before (and requeued since): its prompt is counted once.
+    admitted: bool,
 }
 
 impl Job {
@@ -83,6 +85,7 @@ impl Job {
             prompt,
             params,
             events: None,
+            admitted: false,
         }
     }
 
@@ -363,7 +366,9 @@ impl<'e> Scheduler<'e> {
             };
             match self.prepare(&job) {
                 Ok((decoder, kv, keep)) => {
-                    Metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
+                    if !job.admitted {
+                        Metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
+                    }
                     Metrics::add(&m.cached_tokens, keep as u64);
                     self.active.push(Active {
                         tokens: job.prompt[..keep].to_vec(),
@@ -499,7 +504,12 @@ impl<'e> Scheduler<'e> {
             // has streamed text cannot be replayed and ends with an error.
             let youngest = *plan.stalled.iter().max().expect("stalled");
             if self.active[youngest].generated() == 0 {
-                let a = self.active.swap_remove(youngest);
+                let mut a = self.active.swap_remove(youngest);
+                // Its cached tokens are counted again, as found, when it is admitted anew.
+                m.cached_tokens
+                    .fetch_sub(a.cached as u64, Ordering::Relaxed);
+                Metrics::add(&m.requeued, 1);
+                a.job.admitted = true;
                 self.waiting.push_front(a.job);
             } else {
                 let e = "the KV cache budget is exhausted by the running requests";

@@ -90,12 +90,12 @@ fn body() -> impl Strategy<Value = Value> {
 fn check(bytes: &[u8]) {
     let prompt = vec![1u32, 2, 3];
     if let Ok(r) = parse::<ChatRequest>(bytes)
-        && let Err(e) = r.common.job(prompt.clone(), LIMITS)
+        && let Err(e) = r.common.job(prompt.clone(), LIMITS, "messages")
     {
         assert!(!e.message.is_empty());
     }
     if let Ok(r) = parse::<CompletionRequest>(bytes)
-        && let Err(e) = r.common.job(prompt, LIMITS)
+        && let Err(e) = r.common.job(prompt, LIMITS, "prompt")
     {
         assert!(!e.message.is_empty());
     }
@@ -157,9 +157,9 @@ proptest! {
                 _ => false,
             });
         let got = if b.get("messages").is_some() {
-            parse::<ChatRequest>(text.as_bytes()).and_then(|r| r.common.job(vec![1, 2, 3], LIMITS))
+            parse::<ChatRequest>(text.as_bytes()).and_then(|r| r.common.job(vec![1, 2, 3], LIMITS, "prompt"))
         } else {
-            parse::<CompletionRequest>(text.as_bytes()).and_then(|r| r.common.job(vec![1, 2, 3], LIMITS))
+            parse::<CompletionRequest>(text.as_bytes()).and_then(|r| r.common.job(vec![1, 2, 3], LIMITS, "prompt"))
         };
         prop_assert_eq!(got.is_ok(), valid, "{} -> {:?}", text, got.err().map(|e| e.message));
     }
