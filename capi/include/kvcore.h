@@ -84,8 +84,9 @@ typedef struct kvcore_model_params {
     uint32_t threads;
     // Matmul activations: `"f32"` (default) or `"q8"` (llama.cpp's numerics, faster).
     const char *activations;
-    // KV element type of keys and values: `"f32"` (default, exact), `"f16"`, `"bf16"` or
-    // `"q8_0"` (34 bytes per 32 values: 0.27 of f32).
+    // KV element type of keys and values: `"f32"` (default, exact), `"f16"`, `"bf16"`,
+    // `"q8_0"` (34 bytes per 32 values: 0.27 of f32) or `"q4_0"` (18 bytes per 32
+    // values: 0.14 of f32).
     const char *kv_type;
     // KV store: `"grow"` (default: grows on demand) or `"dense"` (preallocated).
     const char *kv_store;

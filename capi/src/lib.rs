@@ -111,8 +111,9 @@ pub struct kvcore_model_params {
     pub threads: u32,
     /// Matmul activations: `"f32"` (default) or `"q8"` (llama.cpp's numerics, faster).
     pub activations: *const c_char,
-    /// KV element type of keys and values: `"f32"` (default, exact), `"f16"`, `"bf16"` or
-    /// `"q8_0"` (34 bytes per 32 values: 0.27 of f32).
+    /// KV element type of keys and values: `"f32"` (default, exact), `"f16"`, `"bf16"`,
+    /// `"q8_0"` (34 bytes per 32 values: 0.27 of f32) or `"q4_0"` (18 bytes per 32
+    /// values: 0.14 of f32).
     pub kv_type: *const c_char,
     /// KV store: `"grow"` (default: grows on demand) or `"dense"` (preallocated).
     pub kv_store: *const c_char,

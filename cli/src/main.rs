@@ -215,7 +215,7 @@ struct ReplyArgs {
 #[derive(Args, Debug, Clone)]
 struct KvTypeArgs {
     /// KV element type of keys and values: f32 (exact), f16, bf16, q8_0 (0.27 of f32's
-    /// bytes). `bench` takes a comma-separated list.
+    /// bytes), q4_0 (0.14). `bench` takes a comma-separated list.
     #[arg(long = "kv-type", value_delimiter = ',', value_parser = parse_kv_type)]
     kv_type: Vec<KvType>,
     /// Element type of the keys only (overrides --kv-type).

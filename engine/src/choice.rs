@@ -136,7 +136,7 @@ pub fn parse_activations(s: &str) -> Result<Activations, String> {
     }
 }
 
-/// Parses a KV element type by name: `f32`, `f16`, `bf16`, `q8_0` (the names of
+/// Parses a KV element type by name: `f32`, `f16`, `bf16`, `q8_0`, `q4_0` (the names of
 /// [`KvType::ALL`]).
 pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::ALL
@@ -217,10 +217,11 @@ mod tests {
         );
         assert_eq!(parse_kv_type("f32"), Ok(KvType::F32));
         assert_eq!(parse_kv_type("q8_0"), Ok(KvType::Q8_0));
+        assert_eq!(parse_kv_type("q4_0"), Ok(KvType::Q4_0));
         assert!(
-            parse_kv_type("q4_0")
+            parse_kv_type("q4_1")
                 .unwrap_err()
-                .contains("unknown KV type \"q4_0\"; valid: f32, f16, bf16, q8_0")
+                .contains("unknown KV type \"q4_1\"; valid: f32, f16, bf16, q8_0, q4_0")
         );
     }
 }

@@ -30,7 +30,7 @@
 
 use std::sync::Arc;
 
-use super::elem::{BlockQ8_0, Q8_0_BLOCK, StoredRows};
+use super::elem::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK, StoredRows, q4_0_block};
 use super::{KEY_OFFSET_BLOCK, KeyOffsets, KvError, KvGeometry, KvRows, KvStore, KvType};
 use crate::backend::Rope;
 
@@ -76,7 +76,7 @@ impl KvCodec {
     pub fn with_key_offsets(kv_type: KvType, offsets: Arc<KeyOffsets>) -> Result<KvCodec, KvError> {
         if !KvCodec::calibrates(kv_type) {
             return Err(KvError::Calibration {
-                reason: "key offsets need keys of a type that calibrates (q8_0)",
+                reason: "key offsets need keys of a type that calibrates (q8_0, q4_0)",
             });
         }
         Ok(KvCodec {
@@ -188,14 +188,14 @@ impl KvCodec {
     /// Whether keys of `kv_type` may be calibrated ([`for_keys`](Self::for_keys)); a
     /// calibration records one value per layer and key element, `n_layers · kv_dim`.
     pub fn calibrates(kv_type: KvType) -> bool {
-        kv_type == KvType::Q8_0
+        matches!(kv_type, KvType::Q8_0 | KvType::Q4_0)
     }
 
     /// Whether rows of this type hold transformed heads, so that attention transforms
     /// each query head against such keys ([`unrotate`](Self::unrotate) of the query) and
     /// each output head of a sum of such values (the same map).
     pub fn rotated(&self) -> bool {
-        self.kv_type == KvType::Q8_0
+        matches!(self.kv_type, KvType::Q8_0 | KvType::Q4_0)
     }
 
     /// `x ← H x / n` per head of `x` (`n` = [`rotation_len`] of the head, an exact
@@ -371,16 +371,18 @@ pub fn hadamard(x: &mut [f32], n: usize) {
     }
 }
 
-/// Encodes one `q8_0` row `y` at position `pos` (heads of `head_dim` values,
-/// overwritten) into `out`: each head rotated by [`hadamard`] over [`rotation_len`]
-/// values, less the rotated key offset `t_b` of its block when `codec` calibrates keys
-/// (`offsets.rs`), then quantised block by block ([`BlockQ8_0::encode`]).
-pub(super) fn encode_q8_0_row(
+/// Encodes one row `y` of a block type (`q8_0`, `q4_0`) at position `pos` (heads of
+/// `head_dim` values, overwritten) into `out`: each head rotated by [`hadamard`] over
+/// [`rotation_len`] values, less the rotated key offset `t_b` of its block when `codec`
+/// calibrates keys (`offsets.rs`), then quantised by `block`, 32 values at a time
+/// ([`BlockQ8_0::encode`], [`q4_0_block`]).
+pub(super) fn encode_block_row<B>(
     y: &mut [f32],
     head_dim: usize,
     codec: LayerCodec<'_>,
     pos: usize,
-    out: &mut [BlockQ8_0],
+    out: &mut [B],
+    block: impl Fn(&[f32]) -> B,
 ) {
     hadamard(y, rotation_len(head_dim));
     if codec.offset_block().is_some() {
@@ -391,8 +393,8 @@ pub(super) fn encode_q8_0_row(
             head.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
         }
     }
-    for (block, o) in y.chunks_exact(Q8_0_BLOCK).zip(out) {
-        *o = BlockQ8_0::encode(block);
+    for (x, o) in y.chunks_exact(Q8_0_BLOCK).zip(out) {
+        *o = block(x);
     }
 }
 
@@ -400,9 +402,21 @@ pub(super) fn encode_q8_0_row(
 /// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
 /// by block ([`BlockQ8_0::encode`]).
 pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
+    encode_rotated(x, head_dim, BlockQ8_0::encode)
+}
+
+/// One row (or any whole number of heads) of `head_dim`-value heads as stored in `q4_0`:
+/// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
+/// by block ([`q4_0_block`]).
+pub fn encode_q4_0(x: &[f32], head_dim: usize) -> Vec<BlockQ4_0> {
+    encode_rotated(x, head_dim, q4_0_block)
+}
+
+/// `x` with each head rotated, then `block` of each 32 values.
+fn encode_rotated<B>(x: &[f32], head_dim: usize, block: impl Fn(&[f32]) -> B) -> Vec<B> {
     let mut y = x.to_vec();
     hadamard(&mut y, rotation_len(head_dim));
-    y.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect()
+    y.chunks_exact(Q8_0_BLOCK).map(block).collect()
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! | `bf16` | bfloat16 | 2 | round to nearest even (`half::bf16::from_f32`), NaN kept NaN |
 //! | `q8_0` | [`BlockQ8_0`], 32 values | 34/32 | each head rotated, `y = H x` ([`hadamard`] over [`rotation_len`] values), keys of a store with key offsets less their block's (`y − t_b`, `kv/offsets.rs`), then llama.cpp's `Q8_0` layout per block of 32: `d = amax/127` rounded to f16 (up, when rounding to nearest went down to a positive finite scale), `q_j = round_ties_even(y_j / d)` against that stored `d`, with [`q8::quantize_block`](crate::backend::q8::quantize_block)'s special cases (a non-finite block: `d = NaN`; a tiny one: `d = 0`; a scale f16 rounds to 0 or ∞ is stored so, the quants against the f32 `d`) |
 //!
+//! | `q4_0` | [`BlockQ4_0`], 32 values | 18/32 | each head rotated and keys less their offsets as `q8_0`, then llama.cpp's `Q4_0` layout per block of 32 (`quantize_row_q4_0_ref`): `m` the value of largest magnitude (the first of equals), `d = m / −8`, `q_j = min(15, trunc(y_j / d + 8.5))` against the f32 `d`, `d` stored as f16; a block of zeros or one holding a NaN or ±∞ stores `d = 0` or NaN as that arithmetic gives |
+//!
 //! A `q8_0` block stores `f32(d) · q_j ≈ (H x)_j`, decoded exactly as GGUF's `Q8_0`
 //! weights (the kernels use the same dequantisers for both); attention rotates the query
 //! (for keys) or its output (for values) to match, see [`hadamard`]. A `q8_0` block
@@ -26,7 +28,7 @@ use half::{bf16, f16};
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 
 use super::codec::LayerCodec;
-use super::codec::encode_q8_0_row;
+use super::codec::encode_block_row;
 use super::mem::Mem;
 use super::{Gate, KvError, KvRows, KvType};
 use crate::backend::q8;
@@ -86,6 +88,40 @@ impl BlockQ8_0 {
     }
 }
 
+/// One `q4_0` block: llama.cpp's 18-byte `block_q4_0`, byte for byte GGUF's `Q4_0`
+/// (the scale `d` as little-endian f16 bytes, then 16 bytes of two 4-bit quants each:
+/// value `j` in the low nibble of byte `j`, value `j + 16` in its high nibble). In a
+/// store its values are those of a rotated head, as `q8_0`'s.
+pub use crate::backend::format::BlockQ4_0;
+
+/// Quantises 32 values in llama.cpp's `Q4_0` layout (`quantize_row_q4_0_ref`; no
+/// rotation: the codec rotates first): the scale `d = m / −8` from the value `m` of
+/// largest magnitude, `q_j = min(15, trunc(x_j / d + 8.5))` against the f32 `d`
+/// (0 when `d` is 0), stored `(q_j)` offset by 8.
+pub fn q4_0_block(x: &[f32]) -> BlockQ4_0 {
+    let x = &x[..Q8_0_BLOCK];
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    // `as u8` saturates (NaN → 0), as llama.cpp's `(int8_t)` conversion of an in-range
+    // value truncates.
+    let q = |v: f32| ((v * id + 8.5) as u8).min(15);
+    let mut qs = [0u8; Q8_0_BLOCK / 2];
+    for (j, b) in qs.iter_mut().enumerate() {
+        *b = q(x[j]) | (q(x[j + Q8_0_BLOCK / 2]) << 4);
+    }
+    BlockQ4_0 {
+        d: f16::from_f32(d).to_bits().to_le_bytes(),
+        qs,
+    }
+}
+
 /// Rows of one element type, `[rows][units per row]`, with the typed storage behind it.
 pub(super) struct Buf {
     /// Units per row.
@@ -98,6 +134,7 @@ enum Data {
     F16(Mem<f16>),
     BF16(Mem<bf16>),
     Q8_0(Mem<BlockQ8_0>),
+    Q4_0(Mem<BlockQ4_0>),
 }
 
 /// Applies `$body` to the vector inside a `Data`, whatever its type.
@@ -108,6 +145,7 @@ macro_rules! each {
             Data::F16($v) => $body,
             Data::BF16($v) => $body,
             Data::Q8_0($v) => $body,
+            Data::Q4_0($v) => $body,
         }
     };
 }
@@ -129,6 +167,7 @@ impl Buf {
             KvType::F16 => Data::F16(Mem::zeroed(gate, len)?),
             KvType::BF16 => Data::BF16(Mem::zeroed(gate, len)?),
             KvType::Q8_0 => Data::Q8_0(Mem::zeroed(gate, len)?),
+            KvType::Q4_0 => Data::Q4_0(Mem::zeroed(gate, len)?),
         };
         Ok(Buf { units, data })
     }
@@ -140,6 +179,7 @@ impl Buf {
             Data::F16(_) => KvType::F16,
             Data::BF16(_) => KvType::BF16,
             Data::Q8_0(_) => KvType::Q8_0,
+            Data::Q4_0(_) => KvType::Q4_0,
         }
     }
 
@@ -163,6 +203,7 @@ impl Buf {
             (Data::F16(d), Data::F16(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
             (Data::BF16(d), Data::BF16(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
             (Data::Q8_0(d), Data::Q8_0(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+            (Data::Q4_0(d), Data::Q4_0(s)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
             _ => unreachable!("rows are copied between buffers of one type"),
         }
     }
@@ -197,17 +238,9 @@ impl Buf {
                 }
             }
             Data::Q8_0(d) => {
-                let mut y = vec![0f32; kv_dim];
-                let units = kv_dim / Q8_0_BLOCK;
-                for (t, (row, out)) in rows
-                    .axis_iter(Axis(0))
-                    .zip(d[span].chunks_exact_mut(units.max(1)))
-                    .enumerate()
-                {
-                    y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
-                    encode_q8_0_row(&mut y, head_dim, codec, pos + t, out);
-                }
+                encode_blocks(&mut d[span], rows, head_dim, codec, pos, BlockQ8_0::encode)
             }
+            Data::Q4_0(d) => encode_blocks(&mut d[span], rows, head_dim, codec, pos, q4_0_block),
         }
     }
 
@@ -220,6 +253,7 @@ impl Buf {
             (Data::F16(d), KvRows::F16(r)) => fill(&mut d[span], r),
             (Data::BF16(d), KvRows::BF16(r)) => fill(&mut d[span], r),
             (Data::Q8_0(d), KvRows::Q8_0(r)) => fill(&mut d[span], r),
+            (Data::Q4_0(d), KvRows::Q4_0(r)) => fill(&mut d[span], r),
             _ => unreachable!("the caller checked the rows' type"),
         }
     }
@@ -235,7 +269,31 @@ impl Buf {
             Data::F16(d) => KvRows::F16(ArrayView3::from_shape(shape, &d[span]).expect(err)),
             Data::BF16(d) => KvRows::BF16(ArrayView3::from_shape(shape, &d[span]).expect(err)),
             Data::Q8_0(d) => KvRows::Q8_0(ArrayView3::from_shape(shape, &d[span]).expect(err)),
+            Data::Q4_0(d) => KvRows::Q4_0(ArrayView3::from_shape(shape, &d[span]).expect(err)),
         }
+    }
+}
+
+/// Encodes `rows: [n, kv_dim]` at positions `pos ..` into `out` (`n` rows of
+/// `kv_dim / 32` blocks) through `codec` ([`encode_block_row`]), each block by `block`.
+fn encode_blocks<B>(
+    out: &mut [B],
+    rows: ArrayView2<'_, f32>,
+    head_dim: usize,
+    codec: LayerCodec<'_>,
+    pos: usize,
+    block: impl Fn(&[f32]) -> B,
+) {
+    let kv_dim = rows.ncols();
+    let mut y = vec![0f32; kv_dim];
+    let units = kv_dim / Q8_0_BLOCK;
+    for (t, (row, out)) in rows
+        .axis_iter(Axis(0))
+        .zip(out.chunks_exact_mut(units.max(1)))
+        .enumerate()
+    {
+        y.iter_mut().zip(row.iter()).for_each(|(y, &x)| *y = x);
+        encode_block_row(&mut y, head_dim, codec, pos + t, out, &block);
     }
 }
 
@@ -285,6 +343,9 @@ pub(super) fn rows_le<E>(
             b.extend_from_slice(&v.d.to_bits().to_le_bytes());
             b.extend(v.qs.iter().map(|&q| q as u8));
         }),
+        KvRows::Q4_0(a) => each(a.iter(), out, chunk, f, |v, b| {
+            b.extend_from_slice(bytemuck::bytes_of(v))
+        }),
     }
 }
 
@@ -299,6 +360,7 @@ enum Stored {
     F16(Vec<f16>),
     BF16(Vec<bf16>),
     Q8_0(Vec<BlockQ8_0>),
+    Q4_0(Vec<BlockQ4_0>),
 }
 
 impl StoredRows {
@@ -309,6 +371,7 @@ impl StoredRows {
             KvType::F16 => Stored::F16(Vec::new()),
             KvType::BF16 => Stored::BF16(Vec::new()),
             KvType::Q8_0 => Stored::Q8_0(Vec::new()),
+            KvType::Q4_0 => Stored::Q4_0(Vec::new()),
         };
         StoredRows { data }
     }
@@ -346,6 +409,8 @@ impl StoredRows {
             Stored::Q8_0(v) => fill(v, rows * (kv_dim / Q8_0_BLOCK), read, |b| {
                 b.d = f16::from_bits(u16::from_le(b.d.to_bits()))
             }),
+            // Bytes only: the scale stays in its little-endian bytes.
+            Stored::Q4_0(v) => fill(v, rows * (kv_dim / Q8_0_BLOCK), read, |_| {}),
         }
     }
 
@@ -360,6 +425,10 @@ impl StoredRows {
             Stored::Q8_0(v) => {
                 let shape = (rows, n_kv_heads, head_dim / Q8_0_BLOCK);
                 KvRows::Q8_0(ArrayView3::from_shape(shape, v).expect(err))
+            }
+            Stored::Q4_0(v) => {
+                let shape = (rows, n_kv_heads, head_dim / Q8_0_BLOCK);
+                KvRows::Q4_0(ArrayView3::from_shape(shape, v).expect(err))
             }
         }
     }

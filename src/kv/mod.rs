@@ -75,7 +75,7 @@ mod window;
 
 pub use codec::{KvCodec, LayerCodec};
 pub use dense::DenseKv;
-pub use elem::{BlockQ8_0, Q8_0_BLOCK};
+pub use elem::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
 pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
@@ -124,19 +124,31 @@ pub enum KvType {
     /// bytes each ([`BlockQ8_0`]): 34 bytes per 32 values. Needs a head size that is a
     /// multiple of 32.
     Q8_0,
+    /// llama.cpp's `Q4_0`: blocks of 32 values within a head, an f16 scale and 32
+    /// 4-bit quants each ([`BlockQ4_0`]): 18 bytes per 32 values. Heads rotated and keys
+    /// kept less their key offsets as in `q8_0`. Needs a head size that is a multiple
+    /// of 32.
+    Q4_0,
 }
 
 impl KvType {
     /// Every type, in code order.
-    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0];
+    pub const ALL: [KvType; 5] = [
+        KvType::F32,
+        KvType::F16,
+        KvType::BF16,
+        KvType::Q8_0,
+        KvType::Q4_0,
+    ];
 
-    /// `"f32"`, `"f16"`, `"bf16"`, `"q8_0"`.
+    /// `"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`.
     pub const fn name(self) -> &'static str {
         match self {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
             KvType::BF16 => "bf16",
             KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
     }
 
@@ -147,6 +159,7 @@ impl KvType {
             KvType::F16 => 1,
             KvType::BF16 => 2,
             KvType::Q8_0 => 3,
+            KvType::Q4_0 => 4,
         }
     }
 
@@ -155,10 +168,10 @@ impl KvType {
         KvType::ALL.into_iter().find(|t| t.code() == code)
     }
 
-    /// Values per storage unit: 1, or 32 for a `q8_0` block.
+    /// Values per storage unit: 1, or 32 for a `q8_0` or `q4_0` block.
     pub const fn block(self) -> usize {
         match self {
-            KvType::Q8_0 => elem::Q8_0_BLOCK,
+            KvType::Q8_0 | KvType::Q4_0 => elem::Q8_0_BLOCK,
             _ => 1,
         }
     }
@@ -169,6 +182,7 @@ impl KvType {
             KvType::F32 => 4,
             KvType::F16 | KvType::BF16 => 2,
             KvType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
+            KvType::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
         }
     }
 
@@ -187,7 +201,8 @@ impl KvType {
         self.row_units(kv_dim).checked_mul(self.unit_bytes())
     }
 
-    /// The weight format whose bytes are this type's (`F32`, `F16`, `BF16`, `Q8_0`): a
+    /// The weight format whose bytes are this type's (`F32`, `F16`, `BF16`, `Q8_0`,
+    /// `Q4_0`): a
     /// stored row decodes exactly as a weight row of that format.
     pub const fn dtype(self) -> crate::backend::DType {
         use crate::backend::DType;
@@ -196,6 +211,7 @@ impl KvType {
             KvType::F16 => DType::F16,
             KvType::BF16 => DType::BF16,
             KvType::Q8_0 => DType::Q8_0,
+            KvType::Q4_0 => DType::Q4_0,
         }
     }
 

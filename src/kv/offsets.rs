@@ -229,8 +229,8 @@ impl KeyOffsets {
         max_ctx: usize,
         k_type: KvType,
     ) -> Result<(), KvError> {
-        let reason = if k_type != KvType::Q8_0 {
-            "key offsets need q8_0 keys"
+        let reason = if !super::KvCodec::calibrates(k_type) {
+            "key offsets need keys of a type that calibrates (q8_0, q4_0)"
         } else if geometry != self.geometry {
             "the offsets' geometry is not the store's"
         } else if max_ctx > self.max_ctx() {

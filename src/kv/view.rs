@@ -24,7 +24,7 @@ use ndarray::{ArrayView3, Axis, Slice};
 use half::{bf16, f16};
 
 use super::codec::LayerCodec;
-use super::{BlockQ8_0, KvCodec, KvError, KvType, Q8_0_BLOCK};
+use super::{BlockQ4_0, BlockQ8_0, KvCodec, KvError, KvType, Q8_0_BLOCK};
 use crate::backend::Mask;
 
 /// One layer's keys or values for a run of slots, `[slots, n_kv_heads, units per head]`,
@@ -44,6 +44,8 @@ pub enum KvRows<'a> {
     BF16(ArrayView3<'a, bf16>),
     /// `q8_0` blocks, `[slots, n_kv_heads, head_dim / 32]`.
     Q8_0(ArrayView3<'a, BlockQ8_0>),
+    /// `q4_0` blocks, `[slots, n_kv_heads, head_dim / 32]`.
+    Q4_0(ArrayView3<'a, BlockQ4_0>),
 }
 
 /// Applies `$body` to the array inside a `KvRows`, rewrapping it in the same variant.
@@ -54,6 +56,7 @@ macro_rules! map_rows {
             KvRows::F16($a) => KvRows::F16($body),
             KvRows::BF16($a) => KvRows::BF16($body),
             KvRows::Q8_0($a) => KvRows::Q8_0($body),
+            KvRows::Q4_0($a) => KvRows::Q4_0($body),
         }
     };
 }
@@ -66,6 +69,7 @@ impl<'a> KvRows<'a> {
             KvRows::F16(_) => KvType::F16,
             KvRows::BF16(_) => KvType::BF16,
             KvRows::Q8_0(_) => KvType::Q8_0,
+            KvRows::Q4_0(_) => KvType::Q4_0,
         }
     }
 
@@ -77,6 +81,10 @@ impl<'a> KvRows<'a> {
             KvRows::F16(a) => a.dim(),
             KvRows::BF16(a) => a.dim(),
             KvRows::Q8_0(a) => {
+                let (s, h, b) = a.dim();
+                (s, h, b * Q8_0_BLOCK)
+            }
+            KvRows::Q4_0(a) => {
                 let (s, h, b) = a.dim();
                 (s, h, b * Q8_0_BLOCK)
             }
@@ -119,11 +127,12 @@ impl<'a> KvRows<'a> {
             KvRows::F16(a) => ok(a),
             KvRows::BF16(a) => ok(a),
             KvRows::Q8_0(a) => ok(a),
+            KvRows::Q4_0(a) => ok(a),
         }
     }
 
     /// The stored bytes of slot `t`, KV head `kvh`, in the type's GGUF layout (`F32`,
-    /// `F16`, `BF16`, `Q8_0` little-endian), or `None` when the last axis is not
+    /// `F16`, `BF16`, `Q8_0`, `Q4_0` little-endian), or `None` when the last axis is not
     /// contiguous.
     ///
     /// # Panics
@@ -142,6 +151,7 @@ impl<'a> KvRows<'a> {
             KvRows::F16(a) => row(a, t, kvh),
             KvRows::BF16(a) => row(a, t, kvh),
             KvRows::Q8_0(a) => row(a, t, kvh),
+            KvRows::Q4_0(a) => row(a, t, kvh),
         }
     }
 }

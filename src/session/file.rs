@@ -14,10 +14,11 @@
 //! meta    [meta_len] bytes            (opaque to kvcore: the application's blob)
 //! offsets n_means u64 (0: no key offsets), then [n_means] f32: the store's key offsets'
 //!                pre-RoPE means [n_layers][n_kv_heads][head_dim] (KeyOffsets::means);
-//!                n_means is 0 or, with q8_0 keys only, n_layers · n_kv_heads · head_dim
+//!                n_means is 0 or, with q8_0 or q4_0 keys only, n_layers · n_kv_heads · head_dim
 //! layers  [n_layers] of: start u64, count u64, window u64 (0: every position),
 //!                        K rows [count, kv_dim], V rows [count, kv_dim]  (in the K and
-//!                        V types: f32, f16 and bf16 values, q8_0 34-byte blocks)
+//!                        V types: f32, f16 and bf16 values, q8_0 34-byte and q4_0
+//!                        18-byte blocks)
 //! sha256  [32]   over every byte before it
 //! ```
 //!
@@ -29,9 +30,9 @@
 //! ([`SessionError::WindowMismatch`]), so a windowed file never loads into a dense store
 //! or one of other windows, nor the other way round. `n_rows` makes the exact length
 //! follow from the header, up to the key-offsets section: a file is either that long
-//! (`n_means = 0`) or, with q8_0 keys, longer by exactly `4 · n_layers · kv_dim`.
+//! (`n_means = 0`) or, with q8_0 or q4_0 keys, longer by exactly `4 · n_layers · kv_dim`.
 //!
-//! The key-offsets section records what a `q8_0` key store keeps its keys less of
+//! The key-offsets section records what a `q8_0` or `q4_0` key store keeps its keys less of
 //! (its key codec's calibration, [`KvCodec::calibration`], `kv/offsets.rs`): its stored key rows mean something only
 //! together with those offsets, so a file loads only into a store with the same offsets,
 //! bit for bit, or into one without offsets when it has none

@@ -161,7 +161,7 @@ impl PoolScenario {
 
     /// The pool's geometry.
     pub fn geometry(&self) -> KvGeometry {
-        let q8 = [self.types.0, self.types.1].contains(&KvType::Q8_0);
+        let q8 = self.types.0.block() > 1 || self.types.1.block() > 1;
         KvGeometry {
             n_layers: self.n_layers,
             n_kv_heads: self.n_kv_heads,

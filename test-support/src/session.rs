@@ -92,6 +92,9 @@ pub fn rows<K: KvStore + ?Sized>(kv: &K) -> Vec<Vec<u8>> {
                         KvRows::Q8_0(a) => {
                             a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v)))
                         }
+                        KvRows::Q4_0(a) => {
+                            a.iter().for_each(|v| bits.extend(bytemuck::bytes_of(v)))
+                        }
                         other => panic!("rows of type {} are not handled", other.kv_type()),
                     }
                 }

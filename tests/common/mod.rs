@@ -173,6 +173,23 @@ pub fn load_smollm2<B: Backend>(b: B) -> Llama<B> {
     Llama::load(smollm2_file(), b).expect("load SmolLM2")
 }
 
+/// Greedy steps of `s` from `logits`: each step's logits, as bits.
+pub fn greedy_steps<B: Backend, K: kvcore::KvStore>(
+    model: &Llama<B>,
+    s: &mut kvcore::Session<K>,
+    mut logits: Vec<f32>,
+    n: usize,
+) -> Vec<Vec<u32>> {
+    let mut greedy = kvcore::model::Sampler::new(kvcore::model::Sampling::Greedy).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let id = greedy.sample(&logits).unwrap();
+        logits = s.decode(model, id).unwrap();
+        out.push(logits.iter().map(|x| x.to_bits()).collect());
+    }
+    out
+}
+
 /// The golden tolerance on a logit: the reference README states that a float32 engine
 /// with exactly dequantised weights lands within about 1e-4 and that every listed logit
 /// within 0.01 is what a correct engine meets; the smallest top-1 margin in the set is

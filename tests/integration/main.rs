@@ -28,6 +28,7 @@ mod grow_vs_dense;
 mod kv_fuzz_corpus;
 mod kv_pool;
 mod kv_props;
+mod kv_q4;
 mod kv_types_budget;
 mod non_finite;
 mod paged_model;

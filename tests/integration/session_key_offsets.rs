@@ -12,8 +12,8 @@
 
 use std::path::PathBuf;
 
-use crate::common::load_smollm2;
-use kvcore::model::{Llama, Sampler, Sampling};
+use crate::common::{greedy_steps, load_smollm2};
+use kvcore::model::Llama;
 use kvcore::session::file::VERSION;
 use kvcore::{Backend, GrowKv, KvStore, KvType, Session, SessionError};
 use kvcore_simd::Simd;
@@ -89,23 +89,6 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// Greedy steps from `logits`: each step's logits, as bits.
-fn greedy_steps<K: KvStore>(
-    model: &Llama<Simd>,
-    s: &mut Session<K>,
-    mut logits: Vec<f32>,
-    n: usize,
-) -> Vec<Vec<u32>> {
-    let mut greedy = Sampler::new(Sampling::Greedy).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let id = greedy.sample(&logits).unwrap();
-        logits = s.decode(model, id).unwrap();
-        out.push(bits(&logits));
-    }
-    out
 }
 
 /// `err` is `CalibrationMismatch` with these sides.

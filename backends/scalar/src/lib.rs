@@ -29,9 +29,9 @@ pub mod quant;
 mod rope;
 mod softmax;
 
-pub use softmax::{softmax_max, unrotate};
+pub use softmax::{attention_part, softmax_max, unrotate};
 
-use kvcore::backend::{AttnParams, Backend, Rope, ShapeError, Weights, check};
+use kvcore::backend::{AttnParams, Backend, PartStat, Rope, ShapeError, Weights, check};
 use kvcore::kv::KvView;
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3};
 
@@ -92,6 +92,22 @@ impl Backend for Scalar {
     ) -> Result<(), ShapeError> {
         check::attention(&q, q_pos, kv, &out)?;
         softmax::attention(q, q_pos, kv, params, out)
+    }
+
+    /// [`attention_part`] (the reference's parts; it names no part length, so no caller
+    /// splits its attention into them).
+    fn attention_part(
+        &self,
+        q: ArrayView3<'_, f32>,
+        q_pos: &[usize],
+        kv: &KvView<'_>,
+        params: &AttnParams,
+        out: ArrayViewMut3<'_, f32>,
+        stats: &mut [PartStat],
+    ) -> Result<(), ShapeError> {
+        check::attention_part(&q, q_pos, kv, &out, stats)?;
+        attention_part(q, q_pos, kv, params, out, stats, false);
+        Ok(())
     }
 
     fn rms_norm(

@@ -17,7 +17,7 @@
 //! independent, so any split of them (the rayon backend's) gives the same bits.
 
 use crate::matmul::dot;
-use kvcore::backend::{AttnParams, ShapeError};
+use kvcore::backend::{AttnParams, PartStat, ShapeError};
 use kvcore::kv::{KvCodec, KvRows, KvView};
 use kvcore::ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
@@ -108,12 +108,70 @@ pub(crate) fn attention(
     q_pos: &[usize],
     kv: &KvView<'_>,
     params: &AttnParams,
-    mut out: ArrayViewMut3<'_, f32>,
+    out: ArrayViewMut3<'_, f32>,
 ) -> Result<(), ShapeError> {
+    each_head(q, q_pos, kv, params, out, false, |_, scores| {
+        softmax(scores)
+    });
+    Ok(())
+}
+
+/// One part of attention (`Backend::attention_part`; shapes checked by the caller):
+/// [`attention`]'s loop with each row's scores `s` turned into `e^(s − m)` instead of
+/// their softmax (`m` their maximum, [`softmax_max`]'s special rows kept: all `−∞` or
+/// none gives [`PartStat::EMPTY`] and zeros, a NaN a NaN state and output), the output
+/// left unnormalised and `stats[i · n_heads + h] ← (m, Σ e^(s − m))`. With `q_rotated`
+/// the queries are already rotated for rotated keys (a caller folding several parts
+/// rotates them once).
+///
+/// The reference part reader: `kvcore-simd` hands it views of element types it has no
+/// row readers of, so its whole-layer attention is still these parts folded.
+pub fn attention_part(
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    out: ArrayViewMut3<'_, f32>,
+    stats: &mut [PartStat],
+    q_rotated: bool,
+) {
+    each_head(q, q_pos, kv, params, out, q_rotated, |idx, scores| {
+        stats[idx] = match softmax_max(scores) {
+            Some(max) => {
+                let mut sum = 0.0f32;
+                for v in scores.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += *v;
+                }
+                PartStat { max, sum }
+            }
+            None if scores.first().is_some_and(|v| v.is_nan()) => PartStat {
+                max: f32::NAN,
+                sum: f32::NAN,
+            },
+            None => PartStat::EMPTY,
+        };
+    });
+}
+
+/// For each new row `i` and query head `h`: the scores of the slots row `i` sees,
+/// `weigh(i · n_heads + h, scores)` turning them into weights in place, then `out[i, h]
+/// ← Σ_t w_t v_t` (see [`attention`] for the codecs; `q_rotated`: the queries are
+/// rotated for rotated keys already).
+#[allow(clippy::too_many_arguments)] // attention's operands, the flag, the weighting
+fn each_head(
+    q: ArrayView3<'_, f32>,
+    q_pos: &[usize],
+    kv: &KvView<'_>,
+    params: &AttnParams,
+    mut out: ArrayViewMut3<'_, f32>,
+    q_rotated: bool,
+    mut weigh: impl FnMut(usize, &mut [f32]),
+) {
     let n_heads = q.dim().1;
     let group = n_heads / kv.n_kv_heads();
     let (keys, values) = kv.codecs();
-    let (k_rot, v_rot) = (keys.rotated(), values.rotated());
+    let (k_rot, v_rot) = (keys.rotated() && !q_rotated, values.rotated());
     let (mut scores, mut tmp, mut qrot, mut key) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, &pos) in q_pos.iter().enumerate() {
         for h in 0..n_heads {
@@ -138,7 +196,7 @@ pub(crate) fn attention(
                     scores.push(params.scale * dot(qh, k));
                 }
             }
-            softmax(&mut scores);
+            weigh(i * n_heads + h, &mut scores);
             let mut o = out.index_axis_mut(Axis(0), i).index_axis_move(Axis(0), h);
             o.fill(0.0);
             let mut p = scores.iter();
@@ -158,7 +216,6 @@ pub(crate) fn attention(
             }
         }
     }
-    Ok(())
 }
 
 /// `H q / n` ([`unrotate`]) in `buf`: a query head matched to rotated keys.

@@ -34,7 +34,7 @@ use crate::sgemm::{Gemm, sgemm};
 use kvcore::backend::{
     AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
 };
-use kvcore::kv::{KEY_OFFSET_BLOCK, KvRows, KvView};
+use kvcore::kv::{KEY_OFFSET_BLOCK, KvRows, KvType, KvView};
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
@@ -326,6 +326,28 @@ fn head_rows(rows: KvRows<'_>, slots: Range<usize>, kvh: usize) -> HeadRows<'_> 
     HeadRows::of(rows, slots, kvh).expect("element types checked by attention_part")
 }
 
+/// KV head `kvh` of `rows` at `slots` decoded to f32 into `out` (`[slots, head_dim]`):
+/// by the kernel for the types it reads, else by the scalar reference's decoding of each
+/// row (`kvcore_scalar::quant::dequantize`, the weight format of the type).
+fn decode_head<K: Kernel>(
+    k: K,
+    rows: KvRows<'_>,
+    slots: Range<usize>,
+    kvh: usize,
+    out: &mut [f32],
+) {
+    if let Some(h) = HeadRows::of(rows, slots.clone(), kvh) {
+        return k.decode_rows(h, out);
+    }
+    let hd = rows.dim().2;
+    for (t, o) in slots.zip(out.chunks_exact_mut(hd.max(1))) {
+        let bytes = rows
+            .head_bytes(t, kvh)
+            .expect("the last axis is contiguous (checked)");
+        kvcore_scalar::quant::dequantize(rows.kv_type().dtype(), bytes, o);
+    }
+}
+
 /// KV head `kvh` of a segment's `rows` at `slots`: in place, or from its `stage` — the
 /// f32 rows of the segment's slots from `lo` at row `at` of the stage's `[_, hd]`.
 fn rows_at<'a: 's, 's>(
@@ -494,7 +516,17 @@ pub(crate) fn attention_part<K: Kernel>(
         ] {
             if HeadRows::of(rows, 0..0, 0).is_none() {
                 let kv_type = rows.kv_type();
-                return Err(ShapeError::UnsupportedKv { what, kv_type });
+                if kv_type != KvType::Q4_0 {
+                    return Err(ShapeError::UnsupportedKv { what, kv_type });
+                }
+                // 4-bit rows have no SIMD readers yet: a part's rows are staged as f32
+                // below (the scalar reference's decoding); a longer view than a stage
+                // holds is the scalar reference's part.
+                let part = kv.at_positions(positions.clone());
+                if part.len() > STAGE_MAX {
+                    kvcore_scalar::attention_part(q, q_pos, &part, params, out, stats, q_rotated);
+                    return Ok(());
+                }
             }
         }
     }
@@ -536,8 +568,11 @@ pub(crate) fn attention_part<K: Kernel>(
             sc.staged.push((c.start, at));
             at += c.len();
         }
-        let staged =
-            |rows: KvRows<'_>| n > tile && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX;
+        // Rows without a reader of their own (`q4_0`) are staged in every call.
+        let staged = |rows: KvRows<'_>| {
+            let own = HeadRows::of(rows, 0..0, 0).is_some();
+            (n > tile || !own) && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX
+        };
         let (k_staged, v_staged) = match segs.first() {
             Some(seg) => (staged(seg.keys()), staged(seg.values())),
             None => (false, false),
@@ -555,7 +590,7 @@ pub(crate) fn attention_part<K: Kernel>(
                     let hi = clip(0..seg.len(), seg).end;
                     let rows = if pick == 0 { seg.keys() } else { seg.values() };
                     let dst = &mut stage[row * hd..(row + hi - lo) * hd];
-                    k.decode_rows(head_rows(rows, lo..hi, kvh), dst);
+                    decode_head(k, rows, lo..hi, kvh, dst);
                 }
             }
             for i0 in (0..n).step_by(tile) {

@@ -5,12 +5,14 @@
 //! `rayon_bitwise.rs` (rayon against its inner backend, bit for bit).
 
 use half::{bf16, f16};
+use kvcore::backend::format::Q4_0;
 use kvcore::backend::{
-    AttnJob, AttnParams, Backend, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle,
+    AttnJob, AttnParams, Backend, BlockFormat, DType, Mask, Q8Acts, Q8Layout, Rope, RopeStyle,
 };
-use kvcore::kv::codec::{encode_q8_0, hadamard, rotation_len};
+use kvcore::kv::codec::{encode_q4_0, encode_q8_0, hadamard, rotation_len};
 use kvcore::kv::{
-    BlockQ8_0, KeyOffsets, KvCodec, KvGeometry, KvRows, KvSegment, KvType, KvView, Q8_0_BLOCK,
+    BlockQ4_0, BlockQ8_0, KeyOffsets, KvCodec, KvGeometry, KvRows, KvSegment, KvType, KvView,
+    Q8_0_BLOCK,
 };
 use kvcore::ndarray::Array3;
 use std::sync::Arc;
@@ -511,6 +513,8 @@ pub enum Encoded {
     BF16(Array3<bf16>),
     /// q8_0 blocks, `[n, h, d / 32]`.
     Q8_0(Array3<BlockQ8_0>),
+    /// q4_0 blocks, `[n, h, d / 32]`.
+    Q4_0(Array3<BlockQ4_0>),
 }
 
 impl Encoded {
@@ -528,6 +532,9 @@ impl Encoded {
             ),
             KvType::Q8_0 => Encoded::Q8_0(
                 Array3::from_shape_vec((n, h, d / Q8_0_BLOCK), encode_q8_0(x, d)).expect(err),
+            ),
+            KvType::Q4_0 => Encoded::Q4_0(
+                Array3::from_shape_vec((n, h, d / Q8_0_BLOCK), encode_q4_0(x, d)).expect(err),
             ),
             _ => Encoded::F32(Array3::from_shape_vec((n, h, d), x.to_vec()).expect(err)),
         }
@@ -564,6 +571,7 @@ impl Encoded {
             Encoded::F16(a) => KvRows::F16(a.view()),
             Encoded::BF16(a) => KvRows::BF16(a.view()),
             Encoded::Q8_0(a) => KvRows::Q8_0(a.view()),
+            Encoded::Q4_0(a) => KvRows::Q4_0(a.view()),
         }
     }
 
@@ -574,22 +582,27 @@ impl Encoded {
             Encoded::F16(a) => a.iter().map(|v| v.to_f32()).collect(),
             Encoded::BF16(a) => a.iter().map(|v| v.to_f32()).collect(),
             // The stored values are of rotated heads (`H x`): rotated back, in f64.
-            Encoded::Q8_0(a) => {
-                let blocks = a.dim().2;
-                let y: Vec<f32> = a
-                    .iter()
-                    .flat_map(|b| {
-                        let mut y = [0f32; Q8_0_BLOCK];
-                        b.decode(&mut y);
-                        y
-                    })
-                    .collect();
-                y.chunks_exact(blocks * Q8_0_BLOCK)
-                    .flat_map(unrotate_f64)
-                    .collect()
-            }
+            Encoded::Q8_0(a) => rotated_blocks(a, |b, y| b.decode(y)),
+            Encoded::Q4_0(a) => rotated_blocks(a, <Q4_0 as BlockFormat>::decode),
         }
     }
+}
+
+/// Blocks `[n, h, d / 32]` of rotated heads, each decoded by `decode` and rotated back
+/// in f64, row-major.
+fn rotated_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
+    let blocks = a.dim().2;
+    let y: Vec<f32> = a
+        .iter()
+        .flat_map(|b| {
+            let mut y = [0f32; Q8_0_BLOCK];
+            decode(b, &mut y);
+            y
+        })
+        .collect();
+    y.chunks_exact(blocks * Q8_0_BLOCK)
+        .flat_map(unrotate_f64)
+        .collect()
 }
 
 /// Several sequences' attention in one [`Backend::attention_batch`] call (a batched

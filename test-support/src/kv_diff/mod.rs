@@ -56,8 +56,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvcore::kv::{
-    AllocGate, DenseKv, GrowKv, KeyOffsets, KvError, KvGeometry, KvRows, KvStore, KvType, KvView,
-    Q8_0_BLOCK, WindowKv,
+    AllocGate, DenseKv, GrowKv, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvStore, KvType,
+    KvView, Q8_0_BLOCK, WindowKv,
 };
 use kvcore::ndarray::{Array2, ArrayView3};
 
@@ -215,7 +215,11 @@ pub fn key_offsets_for(
     types: (KvType, KvType),
     max_ctx: usize,
 ) -> Option<Arc<KeyOffsets>> {
-    if types.0 != KvType::Q8_0 || g.head_dim == 0 || g.n_layers == 0 || max_ctx.is_multiple_of(2) {
+    if !KvCodec::calibrates(types.0)
+        || g.head_dim == 0
+        || g.n_layers == 0
+        || max_ctx.is_multiple_of(2)
+    {
         return None;
     }
     let means = (0..g.n_layers * g.kv_dim())
@@ -259,7 +263,7 @@ impl Scenario {
     /// The stores' geometry. With a `q8_0` type a head is one block of 32 values (0
     /// stays 0): a head of [`MAX_HEAD_DIM`] would not hold a block.
     pub fn geometry(&self) -> KvGeometry {
-        let q8 = [self.types.0, self.types.1].contains(&KvType::Q8_0);
+        let q8 = self.types.0.block() > 1 || self.types.1.block() > 1;
         KvGeometry {
             n_layers: self.n_layers,
             n_kv_heads: self.n_kv_heads,
@@ -426,6 +430,7 @@ fn rows_bytes(rows: KvRows<'_>) -> Vec<u8> {
         KvRows::F16(a) => of(a),
         KvRows::BF16(a) => of(a),
         KvRows::Q8_0(a) => of(a),
+        KvRows::Q4_0(a) => of(a),
         other => panic!("no byte view of {} rows", other.kv_type()),
     }
 }
@@ -462,6 +467,7 @@ fn contiguous_bytes<'v>(view: &KvView<'v>, keys: bool) -> Option<&'v [u8]> {
             KvRows::F16(a) => of(a),
             KvRows::BF16(a) => of(a),
             KvRows::Q8_0(a) => of(a),
+            KvRows::Q4_0(a) => of(a),
             _ => None,
         },
         _ => None,

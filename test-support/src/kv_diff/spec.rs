@@ -9,13 +9,16 @@
 //! went down to a positive scale, each quant rounded half to even against the stored
 //! scale; a non-finite block a NaN scale, a block too small for a normal scale a zero
 //! one; a scale that f16 rounds to zero or infinity stored so, with the quants against
-//! the f32 scale).
+//! the f32 scale); `q4_0` rotated and shifted as `q8_0`, then llama.cpp's reference
+//! block rule (`d = m / −8` from the value `m` of largest magnitude, each quant
+//! `min(15, ⌊x / d + 8.5⌋)` against the f32 `d`, the scale stored as f16).
 
 use std::sync::Arc;
 
 use half::{bf16, f16};
 use kvcore::kv::{
-    BlockQ8_0, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvStore, KvType, KvView,
+    BlockQ4_0, BlockQ8_0, KeyOffsets, KvCodec, KvError, KvGeometry, KvRows, KvSegment, KvStore,
+    KvType, KvView,
 };
 use kvcore::ndarray::{ArrayView2, ArrayView3};
 
@@ -58,6 +61,7 @@ enum SpecRows {
     F16(Vec<f16>),
     BF16(Vec<bf16>),
     Q8_0(Vec<BlockQ8_0>),
+    Q4_0(Vec<BlockQ4_0>),
 }
 
 macro_rules! each_rows {
@@ -67,6 +71,7 @@ macro_rules! each_rows {
             SpecRows::F16($v) => $body,
             SpecRows::BF16($v) => $body,
             SpecRows::Q8_0($v) => $body,
+            SpecRows::Q4_0($v) => $body,
         }
     };
 }
@@ -77,6 +82,7 @@ impl SpecRows {
             KvType::F16 => SpecRows::F16(Vec::new()),
             KvType::BF16 => SpecRows::BF16(Vec::new()),
             KvType::Q8_0 => SpecRows::Q8_0(Vec::new()),
+            KvType::Q4_0 => SpecRows::Q4_0(Vec::new()),
             _ => SpecRows::F32(Vec::new()),
         }
     }
@@ -97,20 +103,8 @@ impl SpecRows {
             SpecRows::F32(v) => v.extend(rows.iter()),
             SpecRows::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
             SpecRows::BF16(v) => v.extend(rows.iter().map(|&x| bf16::from_f32(x))),
-            SpecRows::Q8_0(v) => {
-                for (t, row) in rows.rows().into_iter().enumerate() {
-                    // A row of heads of 0 values is empty.
-                    for (h, head) in row.to_vec().chunks_exact(head_dim.max(1)).enumerate() {
-                        let mut y = head.to_vec();
-                        walsh_hadamard(&mut y);
-                        if let Some((offsets, layer, at)) = shift {
-                            let t_b = offsets.rotated(layer, at + t, h).expect("covered");
-                            y.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
-                        }
-                        v.extend(y.chunks_exact(32).map(q8_0_block));
-                    }
-                }
-            }
+            SpecRows::Q8_0(v) => blocks(v, rows, head_dim, shift, q8_0_block),
+            SpecRows::Q4_0(v) => blocks(v, rows, head_dim, shift, q4_0_block),
         }
         out
     }
@@ -134,6 +128,7 @@ impl SpecRows {
             SpecRows::F16(v) => KvRows::F16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
             SpecRows::BF16(v) => KvRows::BF16(ArrayView3::from_shape(shape, &v[span]).expect(err)),
             SpecRows::Q8_0(v) => KvRows::Q8_0(ArrayView3::from_shape(shape, &v[span]).expect(err)),
+            SpecRows::Q4_0(v) => KvRows::Q4_0(ArrayView3::from_shape(shape, &v[span]).expect(err)),
         }
     }
 }
@@ -417,7 +412,7 @@ impl KvStore for SpecKv {
     fn codecs(&self) -> (KvCodec, KvCodec) {
         let k = match &self.key_offsets {
             Some(o) => KvCodec::with_key_offsets(self.types.0, o.clone())
-                .expect("a scenario gives offsets to q8_0 keys only"),
+                .expect("a scenario gives offsets to calibrating keys only"),
             None => KvCodec::new(self.types.0),
         };
         (k, KvCodec::new(self.types.1))
@@ -437,6 +432,48 @@ fn walsh_hadamard(x: &mut [f32]) {
             }
             h *= 2;
         }
+    }
+}
+
+/// Appends `rows` encoded in a block type to `v`: each head rotated, less its block's
+/// rotated key offset under `shift` (as [`SpecRows::prefix_then`] states), then `block`
+/// of each 32 values.
+fn blocks<B>(
+    v: &mut Vec<B>,
+    rows: ArrayView2<'_, f32>,
+    head_dim: usize,
+    shift: Option<(&KeyOffsets, usize, usize)>,
+    block: fn(&[f32]) -> B,
+) {
+    for (t, row) in rows.rows().into_iter().enumerate() {
+        // A row of heads of 0 values is empty.
+        for (h, head) in row.to_vec().chunks_exact(head_dim.max(1)).enumerate() {
+            let mut y = head.to_vec();
+            walsh_hadamard(&mut y);
+            if let Some((offsets, layer, at)) = shift {
+                let t_b = offsets.rotated(layer, at + t, h).expect("covered");
+                y.iter_mut().zip(t_b).for_each(|(y, &o)| *y -= o);
+            }
+            v.extend(y.chunks_exact(32).map(block));
+        }
+    }
+}
+
+/// One `q4_0` block of 32 values (the module docs).
+fn q4_0_block(x: &[f32]) -> BlockQ4_0 {
+    let m = x
+        .iter()
+        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = m / -8.0;
+    let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let q = |v: f32| ((v * inv + 8.5).floor().clamp(0.0, 15.0)) as u8;
+    let mut qs = [0u8; 16];
+    for (j, b) in qs.iter_mut().enumerate() {
+        *b = q(x[j]) | q(x[j + 16]) << 4;
+    }
+    BlockQ4_0 {
+        d: f16::from_f32(d).to_le_bytes(),
+        qs,
     }
 }
 

@@ -310,10 +310,11 @@ fn offset_scenario() -> impl Strategy<Value = Scenario> {
     (
         deep,
         prop::sample::select(KvType::ALL.to_vec()),
+        prop::sample::select(vec![KvType::Q8_0, KvType::Q4_0]),
         any::<bool>(),
     )
-        .prop_map(|(mut s, v, global)| {
-            s.types = (KvType::Q8_0, v);
+        .prop_map(|(mut s, v, k, global)| {
+            s.types = (k, v);
             s.max_ctx |= 1;
             s.head_dim = s.head_dim.max(1);
             if global {

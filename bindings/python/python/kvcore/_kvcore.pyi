@@ -158,7 +158,7 @@ class Model:
         path_or_name: _StrPath,
         backend: Literal["scalar", "simd", "rayon"] = "rayon",
         threads: Optional[int] = None,
-        kv_type: Literal["f32", "f16", "bf16", "q8_0"] = "f32",
+        kv_type: Literal["f32", "f16", "bf16", "q8_0", "q4_0"] = "f32",
         activations: Literal["f32", "q8"] = "f32",
         kv: Literal["grow", "dense"] = "grow",
         kernels: Optional[Literal["avx512", "avx2", "neon", "simd128", "scalar"]] = None,
