@@ -18,7 +18,9 @@ import sys
 import threading
 import time
 
-BINARY, MODEL = sys.argv[1], sys.argv[2]
+# The binary and model every Server runs (set from the command line, or by a script that
+# imports these helpers).
+BINARY, MODEL = None, None
 FAILURES = []
 
 
@@ -444,11 +446,18 @@ def threads():
         srv.stop()
 
 
-chosen = sys.argv[3:] or ["timeouts", "shutdown", "errors", "admission", "responsiveness", "accounting", "threads"]
-for test in [globals()[name] for name in chosen]:
-    print(f"--- {test.__name__}", flush=True)
-    test()
-if FAILURES:
-    print(f"{len(FAILURES)} checks failed", file=sys.stderr)
-    sys.exit(1)
-print("every hostile-client check passed")
+def finish(what):
+    """Exits 1 if a check failed."""
+    if FAILURES:
+        print(f"{len(FAILURES)} checks failed", file=sys.stderr)
+        sys.exit(1)
+    print(f"every {what} check passed")
+
+
+if __name__ == "__main__":
+    BINARY, MODEL = sys.argv[1], sys.argv[2]
+    chosen = sys.argv[3:] or ["timeouts", "shutdown", "errors", "admission", "responsiveness", "accounting", "threads"]
+    for test in [globals()[name] for name in chosen]:
+        print(f"--- {test.__name__}", flush=True)
+        test()
+    finish("hostile-client")
