@@ -13,6 +13,7 @@ Usage: python3 load_hostile.py KVCORE_BINARY MODEL [--threads N] [--requests N]
 
 import argparse
 import json
+import os
 import socket
 import threading
 import time
@@ -24,16 +25,8 @@ CLIENTS = 32
 SLOWLORIS = 20
 MAX_TOKENS = 24
 SHUTDOWN_TIMEOUT = 3
-QUESTIONS = [
-    "What does this licence let me do?",
-    "Summarise the text above in one sentence.",
-    "Who is the Licensor?",
-    "What is a Derivative Work?",
-    "Can I use the work commercially?",
-    "What is a Contribution?",
-    "Is there a patent grant?",
-    "What must I keep when I redistribute?",
-]
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "load_questions.txt")) as f:
+    QUESTIONS = f.read().splitlines()  # serve_load.rs's, asked in turn
 
 
 def system_prompt():
