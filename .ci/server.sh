@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `kvcore serve` with the official `openai` Python client (server/tests/openai_client.py):
 # starts the release binary on a loopback port the OS picks, runs the client test, then
-# sends SIGTERM and requires exit status 0; server/tests/hostile_clients.py runs raw TCP
-# clients against servers of its own. The load test (cli/tests/serve_load.rs) and
+# sends SIGTERM and requires exit status 0; server/tests/hostile_clients.py and
+# server/tests/load_hostile.py run raw TCP clients against servers of their own. The load test (cli/tests/serve_load.rs) and
 # the HTTP tests (cli/tests/serve.rs) run in `cargo test`.
 #
 # Usage: .ci/server.sh   (python3 with venv, or $PYTHON; PyPI reachable)
@@ -33,6 +33,9 @@ echo "server at $url"
 # Careless and hostile clients (issue 50): timeouts, shutdown, error objects, admission,
 # /health under large prompts, /metrics accounting; each against servers it starts.
 python3 server/tests/hostile_clients.py target/release/kvcore smollm2
+# The load target: serve_load.rs's 32 clients with disconnects plus 20 slowloris
+# connections, /health p99, no KV block leaked, exit after SIGTERM (~30 s).
+python3 server/tests/load_hostile.py target/release/kvcore smollm2
 # The README's snippets, against this server.
 readme=target/ci-readme
 mkdir -p "$readme"

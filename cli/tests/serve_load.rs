@@ -24,16 +24,12 @@ const KV_BUDGET_MIB: u64 = 256;
 /// rows and scratch of 8 sequences, the allocator's slack.
 const OVERHEAD_MIB: u64 = 160;
 
-const QUESTIONS: [&str; 8] = [
-    "What does this licence let me do?",
-    "Summarise the text above in one sentence.",
-    "Who is the Licensor?",
-    "What is a Derivative Work?",
-    "Can I use the work commercially?",
-    "What is a Contribution?",
-    "Is there a patent grant?",
-    "What must I keep when I redistribute?",
-];
+/// The questions the clients ask in turn (server/tests/load_hostile.py asks them too).
+const QUESTIONS_TEXT: &str = include_str!("../../server/tests/load_questions.txt");
+
+fn questions() -> Vec<&'static str> {
+    QUESTIONS_TEXT.lines().collect()
+}
 
 /// About 300 tokens of a text every Debian system ships (base-files).
 fn system_prompt() -> String {
@@ -45,7 +41,7 @@ fn system_prompt() -> String {
 
 fn body(system: &str, q: usize) -> Value {
     json!({
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": QUESTIONS[q]}],
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": questions()[q]}],
         "max_tokens": MAX_TOKENS, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
     })
@@ -81,7 +77,7 @@ fn thirty_two_streaming_clients_with_a_shared_system_prompt_and_disconnects() {
     // Each distinct request served alone first: the answers the batch must give.
     let mut alone = Vec::new();
     let mut prompt_tokens = 0;
-    for q in 0..QUESTIONS.len() {
+    for q in 0..questions().len() {
         let mut st = server
             .stream("/v1/chat/completions", &body(&system, q))
             .expect("200");
@@ -119,7 +115,7 @@ fn thirty_two_streaming_clients_with_a_shared_system_prompt_and_disconnects() {
                         if i >= REQUESTS {
                             break;
                         }
-                        let q = i % QUESTIONS.len();
+                        let q = i % questions().len();
                         let leave = i % 5 == 2;
                         let t0 = Instant::now();
                         let mut st = loop {
@@ -193,7 +189,7 @@ fn thirty_two_streaming_clients_with_a_shared_system_prompt_and_disconnects() {
         "sequences or blocks left after the load"
     );
     let (_, m) = server.get("/metrics");
-    let total = (REQUESTS + QUESTIONS.len()) as f64;
+    let total = (REQUESTS + questions().len()) as f64;
     let (completed, cancelled) = (
         metric(&m, "kvcore_requests_completed_total"),
         metric(&m, "kvcore_requests_cancelled_total"),

@@ -13,7 +13,9 @@
 //! skipped.
 //!
 //! The server runs SmolLM2 from the cache with a 32-position context (so an admitted
-//! request ends within 32 tokens) and small limits.
+//! request ends within 32 tokens) and small limits. The fuzz target waits 50 ms for an
+//! answer (an admitted request then counts as admitted and is cancelled, as when its
+//! client goes away); the replay test waits for every answer and checks it.
 
 use axum::Router;
 use axum::body::Body;
@@ -28,14 +30,19 @@ use tower::ServiceExt;
 /// A server without a socket: its runtime, its routes, and the server (whose scheduler
 /// runs while it lives).
 pub struct Target {
+    /// How long an answer may take; past it the request counts as admitted and is
+    /// dropped (the scheduler cancels it), so a slow build (the fuzzer's) does not wait
+    /// for generations.
+    patience: Option<Duration>,
     rt: tokio::runtime::Runtime,
     router: Router,
     _server: Server,
 }
 
 impl Target {
-    /// The server on the model at `path` (SmolLM2).
-    pub fn new(path: &Path) -> Result<Target, String> {
+    /// The server on the model at `path` (SmolLM2), waiting for each answer at most
+    /// `patience` (`None`: until it ends).
+    pub fn new(path: &Path, patience: Option<Duration>) -> Result<Target, String> {
         let options = Options {
             threads: Some(1),
             ..Options::default()
@@ -60,10 +67,32 @@ impl Target {
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Target {
+            patience,
             rt,
             router: server.router(),
             _server: server,
         })
+    }
+
+    /// The answer's status, content type and body.
+    async fn answer(&self, req: Request<Body>) -> Result<(StatusCode, String, Vec<u8>), String> {
+        let resp = self
+            .router
+            .clone()
+            .oneshot(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let kind = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((status, kind, body.to_vec()))
     }
 
     /// Sends `raw` (when it makes a request) and checks the answer.
@@ -72,25 +101,14 @@ impl Target {
             return Ok(());
         };
         let metrics = req.uri().path() == "/metrics";
-        let (status, kind, body) = self.rt.block_on(async {
-            let resp = self
-                .router
-                .clone()
-                .oneshot(req)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = resp.status();
-            let kind = resp
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((status, kind, body))
-        })?;
+        let answer = self.rt.block_on(async {
+            let patience = self.patience.unwrap_or(Duration::MAX);
+            tokio::time::timeout(patience, self.answer(req)).await
+        });
+        let Ok(answer) = answer else {
+            return Ok(());
+        };
+        let (status, kind, body) = answer?;
         let text = String::from_utf8_lossy(&body);
         if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             return Err(format!("{status}: {text}"));

@@ -19,7 +19,13 @@ use libfuzzer_sys::fuzz_target;
 fn target() -> Option<&'static Target> {
     static TARGET: OnceLock<Option<Target>> = OnceLock::new();
     TARGET
-        .get_or_init(|| Target::new(&kvcore_fetch::SMOLLM2.cache_path().ok()?).ok())
+        .get_or_init(|| {
+            Target::new(
+                &kvcore_fetch::SMOLLM2.cache_path().ok()?,
+                Some(std::time::Duration::from_millis(50)),
+            )
+            .ok()
+        })
         .as_ref()
 }
 

@@ -89,6 +89,7 @@ async fn guard(Extract(app): Extract<Shared>, req: Request, next: Next) -> Respo
             Err(refused) => refused,
         }
     };
+    app.state.metrics.count_status(response.status().as_u16());
     if app.state.draining.load(Ordering::SeqCst) {
         response
             .headers_mut()

@@ -36,12 +36,27 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     /// Sequences in the running batch.
     pub running: AtomicU64,
+    /// Error responses by status, in the order of [`ERROR_STATUSES`].
+    pub errors: [AtomicU64; ERROR_STATUSES.len()],
 }
+
+/// The statuses the server answers a request with when it does not serve it: a bad
+/// body (400), no such route (404) or method (405), a body too slow (408) or too large
+/// (413), not JSON (415), header fields too large (431), an internal error (500), busy,
+/// draining or out of KV blocks (503).
+pub const ERROR_STATUSES: [u16; 9] = [400, 404, 405, 408, 413, 415, 431, 500, 503];
 
 impl Metrics {
     /// Adds `n` to a counter.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a response by its status if it is one of [`ERROR_STATUSES`].
+    pub fn count_status(&self, status: u16) {
+        if let Some(i) = ERROR_STATUSES.iter().position(|&s| s == status) {
+            Self::add(&self.errors[i], 1);
+        }
     }
 
     /// The text `/metrics` serves.
@@ -197,6 +212,16 @@ impl Metrics {
             "blocks_hit / blocks_queried.",
             format!("{:.6}", s.hit_rate()),
         );
+        let name = "kvcore_http_error_responses_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Responses by error status (400 bad body, 404, 405, 408 body too slow, \
+             413, 415, 431, 500, 503 busy or draining or out of KV blocks)."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (status, c) in ERROR_STATUSES.iter().zip(&self.errors) {
+            let _ = writeln!(out, "{name}{{status=\"{status}\"}} {}", get(c));
+        }
         out
     }
 }

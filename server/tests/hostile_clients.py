@@ -18,7 +18,9 @@ import sys
 import threading
 import time
 
-BINARY, MODEL = sys.argv[1], sys.argv[2]
+# The binary and model every Server runs (set from the command line, or by a script that
+# imports these helpers).
+BINARY, MODEL = None, None
 FAILURES = []
 
 
@@ -362,7 +364,7 @@ def responsiveness():
 
 
 def accounting():
-    srv = Server("--parallel", "3", "--queue", "1", "-c", "1024", "--kv-budget", "64M")
+    srv = Server("--parallel", "3", "--queue", "1", "-c", "1024", "--kv-budget", "64M", "--timeout-body", "1")
     try:
         sent = {"ok": 0, "bad": 0, "rejected": 0, "cancelled": 0, "failed": 0}
         prompt_tokens = 0
@@ -409,8 +411,27 @@ def accounting():
         s.recv(1)
         s.close()
         sent["cancelled"] += 1
+        # The refusals before any handler, one of each.
+        refusals = [
+            ("GET", "/nowhere", None, {}, 404),
+            ("DELETE", "/v1/completions", None, {}, 405),
+            ("POST", "/v1/completions", b"x" * (3 << 20), {}, 413),
+            ("POST", "/v1/completions", b"{}", {"Content-Type": "text/plain"}, 415),
+            ("GET", "/health", None, {"X-Big": "a" * (20 << 10)}, 431),
+        ]
+        answered = [srv.request(method, path, body, headers)[0] for method, path, body, headers, _ in refusals]
+        stalled = srv.connect()
+        stalled.sendall(raw_request("POST", "/v1/completions", b"{" + b" " * 99)[:-95])
+        answered.append(read_response(stalled)[0])
+        stalled.close()
+        check(answered == [want for *_, want in refusals] + [408], f"one refusal of each status: {answered}")
         time.sleep(1.0)
         m = srv.metrics()
+        by_status = {int(re.search(r'status="(\d+)"', k).group(1)): v for k, v in m.items()
+                     if k.startswith("kvcore_http_error_responses_total{")}
+        want = {400: sent["bad"], 404: 1, 405: 1, 408: 1, 413: 1, 415: 1, 431: 1, 500: 0,
+                503: sent["rejected"] + sent["failed"]}
+        check(by_status == want, f"kvcore_http_error_responses_total by status {by_status} == {want}")
         check(m["kvcore_requests_requeued_total"] >= 1, f"the long prompts were requeued ({m['kvcore_requests_requeued_total']})")
         check(m["kvcore_requests_total"] == sent["ok"] + sent["cancelled"] + sent["failed"],
               f"requests_total {m['kvcore_requests_total']} == {sent}")
@@ -444,11 +465,18 @@ def threads():
         srv.stop()
 
 
-chosen = sys.argv[3:] or ["timeouts", "shutdown", "errors", "admission", "responsiveness", "accounting", "threads"]
-for test in [globals()[name] for name in chosen]:
-    print(f"--- {test.__name__}", flush=True)
-    test()
-if FAILURES:
-    print(f"{len(FAILURES)} checks failed", file=sys.stderr)
-    sys.exit(1)
-print("every hostile-client check passed")
+def finish(what):
+    """Exits 1 if a check failed."""
+    if FAILURES:
+        print(f"{len(FAILURES)} checks failed", file=sys.stderr)
+        sys.exit(1)
+    print(f"every {what} check passed")
+
+
+if __name__ == "__main__":
+    BINARY, MODEL = sys.argv[1], sys.argv[2]
+    chosen = sys.argv[3:] or ["timeouts", "shutdown", "errors", "admission", "responsiveness", "accounting", "threads"]
+    for test in [globals()[name] for name in chosen]:
+        print(f"--- {test.__name__}", flush=True)
+        test()
+    finish("hostile-client")

@@ -13,7 +13,7 @@ fn the_http_corpus_replays_without_a_panic_and_every_answer_is_json() {
     let model = kvcore_fetch::SMOLLM2
         .cache_path()
         .expect("SmolLM2 in the cache (kvcore fetches it on first use)");
-    let target = check::Target::new(&model).expect("the server on SmolLM2");
+    let target = check::Target::new(&model, None).expect("the server on SmolLM2");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/http");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
