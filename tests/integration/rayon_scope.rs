@@ -149,3 +149,21 @@ fn a_panicking_join_propagates_and_leaves_the_backend_usable() {
         assert_eq!(bits(&pool.scope(|| case.run(pool))), want);
     });
 }
+
+/// A pool spins only with a core per thread: more threads than cores (here four times
+/// the cores) run each pass as a plain `install`, with the same bits.
+#[test]
+fn an_oversubscribed_pool_does_not_spin() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fitting = Rayon::new(Simd::new(), cores).expect("pool");
+    assert_eq!(
+        fitting.spins(),
+        cores > 1,
+        "{cores} threads on {cores} cores"
+    );
+    let over = Rayon::new(Simd::new(), 4 * cores).expect("pool");
+    assert!(!over.spins(), "{} threads on {cores} cores", 4 * cores);
+    on_pool("oversubscribed", 4 * cores, |pool, case, want| {
+        assert_eq!(bits(&pool.scope(|| case.run(pool))), want);
+    });
+}

@@ -37,7 +37,11 @@
 //! cores stay busy for the length of the pass. The pass starts only once every spinner
 //! runs, and one such scope runs at a time per backend (others wait on a mutex): both
 //! rules keep a spinner from sitting on top of unfinished work that it would then wait
-//! for. `tests/integration/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
+//! for. Spinning pays only while every worker has a core of its own: a pool with more
+//! threads than the machine runs at once (`available_parallelism`) does not spin, its
+//! scope is a plain `install` (an oversubscribed spinning pool waits at every pass for
+//! threads the scheduler cannot run: 128 threads on 2 cores took 20× as long).
+//! `tests/integration/rayon_scope.rs` checks nesting, concurrent callers and a panicking pass.
 //!
 //! Assumption on `inner`: each of its outputs does not depend on how many other rows,
 //! elements or heads the same call holds beyond 64-aligned tiles (for attention: each
@@ -84,6 +88,8 @@ pub struct Rayon<B: Backend> {
     inner: B,
     pool: rayon::ThreadPool,
     threads: usize,
+    /// Whether [`Backend::scope`] keeps the workers spinning: `threads` fit the cores.
+    spins: bool,
     /// Held for the length of a [`Backend::scope`] call.
     scope_lock: Mutex<()>,
 }
@@ -102,12 +108,20 @@ impl<B: Backend> Rayon<B> {
             .thread_name(|i| format!("kvcore-rayon-{i}"))
             .build()
             .map_err(|source| RayonError::Pool { threads, source })?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Rayon {
             inner,
             pool,
             threads,
+            spins: threads > 1 && threads <= cores,
             scope_lock: Mutex::new(()),
         })
+    }
+
+    /// Whether a forward pass keeps the other workers spinning (see "Keeping the workers
+    /// awake" in the crate docs): only when the pool has a core per thread.
+    pub fn spins(&self) -> bool {
+        self.spins
     }
 
     /// The wrapped backend.
@@ -280,9 +294,10 @@ impl<B: Backend> Backend for Rayon<B> {
     /// waiting for the kernels' pieces (see "Keeping the workers awake" in the crate
     /// docs).
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // One worker, or already on one of ours (a nested scope, or `f` calling a
-        // kernel's own `install`): nothing to keep awake, or already awake.
-        if self.threads == 1 || self.pool.current_thread_index().is_some() {
+        // One worker, more workers than cores, or already on one of ours (a nested scope,
+        // or `f` calling a kernel's own `install`): nothing to keep awake, spinning would
+        // take the cores from the workers with work, or already awake.
+        if !self.spins || self.pool.current_thread_index().is_some() {
             return self.pool.install(f);
         }
         // One spinning scope at a time: two scopes' spinners could each sit on top of
