@@ -3,7 +3,7 @@
 //! server-sent events. Every error, whatever its status, is an OpenAI error object.
 //!
 //! The runtime thread only moves bytes: parsing a body, rendering the chat template and
-//! tokenizing run on tokio's blocking pool ([`prepare`]), so `/health` and `/metrics`
+//! tokenizing run on tokio's blocking pool (`prepare`), so `/health` and `/metrics`
 //! answer at once whatever the requests hold.
 
 use crate::HttpLimits;

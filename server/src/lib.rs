@@ -33,7 +33,7 @@
 //! server stops accepting connections and answers new requests on open ones with 503
 //! and `Connection: close`; the requests already accepted run on, and those still
 //! running after `shutdown_timeout` are cancelled (a streamed one gets an error event);
-//! every connection is then closed within [`CLOSE_GRACE`] whatever its client does, and
+//! every connection is then closed within a second (`CLOSE_GRACE`) whatever its client does, and
 //! `serve` returns.
 
 #![forbid(unsafe_code)]
@@ -236,7 +236,7 @@ impl Server {
     /// Serves on `listener` until `shutdown` completes, then drains: no new connection
     /// is accepted, open ones are answered 503 (with `Connection: close`), the requests
     /// already accepted run on until they end or `shutdown_timeout` passes (then they
-    /// are cancelled), and every connection is closed at most [`CLOSE_GRACE`] later,
+    /// are cancelled), and every connection is closed at most a second (`CLOSE_GRACE`) later,
     /// whatever its client is doing.
     pub async fn run(
         self,

@@ -375,7 +375,7 @@ pub fn hadamard(x: &mut [f32], n: usize) {
 /// `head_dim` values, overwritten) into `out`: each head rotated by [`hadamard`] over
 /// [`rotation_len`] values, less the rotated key offset `t_b` of its block when `codec`
 /// calibrates keys (`offsets.rs`), then quantised by `block`, 32 values at a time
-/// ([`BlockQ8_0::encode`], [`q4_0_block`]).
+/// ([`BlockQ8_0::encode`], `q4_0_block`).
 pub(super) fn encode_block_row<B>(
     y: &mut [f32],
     head_dim: usize,
@@ -407,7 +407,7 @@ pub fn encode_q8_0(x: &[f32], head_dim: usize) -> Vec<BlockQ8_0> {
 
 /// One row (or any whole number of heads) of `head_dim`-value heads as stored in `q4_0`:
 /// each head rotated by [`hadamard`] over [`rotation_len`] values, then quantised block
-/// by block ([`q4_0_block`]).
+/// by block (`q4_0_block`).
 pub fn encode_q4_0(x: &[f32], head_dim: usize) -> Vec<BlockQ4_0> {
     encode_rotated(x, head_dim, q4_0_block)
 }

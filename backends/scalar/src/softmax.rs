@@ -117,7 +117,7 @@ pub(crate) fn attention(
 }
 
 /// One part of attention (`Backend::attention_part`; shapes checked by the caller):
-/// [`attention`]'s loop with each row's scores `s` turned into `e^(s − m)` instead of
+/// `attention`'s loop with each row's scores `s` turned into `e^(s − m)` instead of
 /// their softmax (`m` their maximum, [`softmax_max`]'s special rows kept: all `−∞` or
 /// none gives [`PartStat::EMPTY`] and zeros, a NaN a NaN state and output), the output
 /// left unnormalised and `stats[i · n_heads + h] ← (m, Σ e^(s − m))`. With `q_rotated`
@@ -156,7 +156,7 @@ pub fn attention_part(
 
 /// For each new row `i` and query head `h`: the scores of the slots row `i` sees,
 /// `weigh(i · n_heads + h, scores)` turning them into weights in place, then `out[i, h]
-/// ← Σ_t w_t v_t` (see [`attention`] for the codecs; `q_rotated`: the queries are
+/// ← Σ_t w_t v_t` (see `attention` for the codecs; `q_rotated`: the queries are
 /// rotated for rotated keys already).
 #[allow(clippy::too_many_arguments)] // attention's operands, the flag, the weighting
 fn each_head(
