@@ -586,6 +586,41 @@ impl Encoded {
             Encoded::Q4_0(a) => rotated_blocks(a, <Q4_0 as BlockFormat>::decode),
         }
     }
+
+    /// For rotated types, [`spread_blocks`] of the stored values and the rotation length:
+    /// what the oracle adds to a back-rotated output's error bound.
+    pub fn spread(&self) -> Option<(Vec<f32>, usize)> {
+        let (spread, d) = match self {
+            Encoded::Q8_0(a) => (spread_blocks(a, |b, y| b.decode(y)), a.dim().2),
+            Encoded::Q4_0(a) => (spread_blocks(a, <Q4_0 as BlockFormat>::decode), a.dim().2),
+            _ => return None,
+        };
+        Some((spread, rotation_len(d * Q8_0_BLOCK)))
+    }
+}
+
+/// Blocks `[n, h, d / 32]` of rotated heads: each stored value replaced by the mean
+/// magnitude `(1/n) Σ_i |y_i|` of its rotation group (`n` = `rotation_len`), row-major.
+/// A backend sums the rotated values and rotates the sum back (`H o / n`), so its
+/// rounding errors spread over every channel of the group in proportion to this, however
+/// small a channel's own back-rotated values are.
+fn spread_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
+    let blocks = a.dim().2;
+    let y: Vec<f32> = a
+        .iter()
+        .flat_map(|b| {
+            let mut y = [0f32; Q8_0_BLOCK];
+            decode(b, &mut y);
+            y
+        })
+        .collect();
+    let n = rotation_len(blocks * Q8_0_BLOCK);
+    y.chunks_exact(n)
+        .flat_map(|g| {
+            let mean = g.iter().map(|v| f64::from(v.abs())).sum::<f64>() / n as f64;
+            std::iter::repeat_n(mean as f32, n)
+        })
+        .collect()
 }
 
 /// Blocks `[n, h, d / 32]` of rotated heads, each decoded by `decode` and rotated back
@@ -697,6 +732,7 @@ impl Case for Attention {
         let group = s.n_heads / s.n_kv_heads;
         let q_pos = self.q_pos();
         let (keys, values) = self.arrays();
+        let spread = values.spread();
         let (keys, values) = (self.oracle_keys(&keys), values.decoded());
         self.q
             .chunks_exact(s.head_dim)
@@ -712,10 +748,12 @@ impl Case for Attention {
                         .copied()
                         .collect()
                 };
+                let spread = spread.as_ref().map(|(sp, n)| (head(sp), *n));
                 oracle::attend_head(
                     qh,
                     &head(&keys),
                     &head(&values),
+                    spread.as_ref().map(|(sp, n)| (sp.as_slice(), *n)),
                     seen.len(),
                     kv_dim,
                     h / group,

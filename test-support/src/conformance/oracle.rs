@@ -229,11 +229,15 @@ pub fn softmax(x: &[f32]) -> Vec<Bounded> {
 
 /// One attention head over the rows it sees: `q: [hd]`, `keys`/`values: [n_keys, kv_dim]`,
 /// head `kv_head` (the caller gathers the visible rows; the attention case does).
+/// `spread`, for values stored rotated: each value's rotation group's mean magnitude
+/// (same layout as `values`) and the rotation length, added to the bound in proportion
+/// to the weights (see `cases::Encoded::spread`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
+    spread: Option<(&[f32], usize)>,
     n_keys: usize,
     kv_dim: usize,
     kv_head: usize,
@@ -258,14 +262,20 @@ pub fn attend_head(
     let rel = 2.0 * max_err + sm_rel + (sum_ulps(n_keys) + 2.0) * U;
     (0..hd)
         .map(|j| {
-            let (mut v, mut a) = (0.0, 0.0);
+            let (mut v, mut a, mut sp) = (0.0, 0.0, 0.0);
             for (t, &pt) in p.iter().enumerate() {
                 v += pt * col(values, t, j);
                 a += pt * col(values, t, j).abs();
+                if let Some((s, _)) = spread {
+                    sp += pt * col(s, t, j);
+                }
             }
+            // Rotated values: the sum's error spread by the back-rotation, and that
+            // rotation's own `log2 n` rounding steps.
+            let back = spread.map_or(0.0, |(_, n)| rel + f64::from(n.trailing_zeros() + 1) * U);
             Bounded {
                 value: v,
-                bound: rel * a + (n_keys as f64 + 2.0) * TINY,
+                bound: rel * a + back * sp + (n_keys as f64 + 2.0) * TINY,
             }
         })
         .collect()
