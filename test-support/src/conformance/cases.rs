@@ -587,7 +587,7 @@ impl Encoded {
         }
     }
 
-    /// For rotated types, [`spread_blocks`] of the stored values and the rotation length:
+    /// For rotated types, `spread_blocks` of the stored values and the rotation length:
     /// what the oracle adds to a back-rotated output's error bound.
     pub fn spread(&self) -> Option<(Vec<f32>, usize)> {
         let (spread, d) = match self {
