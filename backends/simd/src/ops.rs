@@ -34,7 +34,7 @@ use crate::sgemm::{Gemm, sgemm};
 use kvcore::backend::{
     AttnParams, DType, PartStat, Q8Acts, QK, ShapeError, Weights, finish_part, merge_part,
 };
-use kvcore::kv::{KEY_OFFSET_BLOCK, KvRows, KvType, KvView};
+use kvcore::kv::{KEY_OFFSET_BLOCK, KvRows, KvView};
 use kvcore::ndarray::{ArrayView2, ArrayView3, ArrayViewMut3, Axis, s};
 use std::ops::Range;
 
@@ -509,25 +509,17 @@ pub(crate) fn attention_part<K: Kernel>(
     let lo = all.partition_point(|s| s.start() + s.len() <= positions.start);
     let hi = lo + all[lo..].partition_point(|s| s.start() < positions.end);
     let segs = &all[lo..hi];
-    if let Some(seg) = all.first() {
-        for (what, rows) in [
-            ("attention keys", seg.keys()),
-            ("attention values", seg.values()),
-        ] {
-            if HeadRows::of(rows, 0..0, 0).is_none() {
-                let kv_type = rows.kv_type();
-                if kv_type != KvType::Q4_0 {
-                    return Err(ShapeError::UnsupportedKv { what, kv_type });
-                }
-                // 4-bit rows have no SIMD readers yet: a part's rows are staged as f32
-                // below (the scalar reference's decoding); a longer view than a stage
-                // holds is the scalar reference's part.
-                let part = kv.at_positions(positions.clone());
-                if part.len() > STAGE_MAX {
-                    kvcore_scalar::attention_part(q, q_pos, &part, params, out, stats, q_rotated);
-                    return Ok(());
-                }
-            }
+    // A type without this kernel's row readers (`q4_0` so far) has its part's rows
+    // staged as f32 below (the scalar reference's decoding); a view longer than a stage
+    // holds is the scalar reference's part.
+    let readers = |rows: KvRows<'_>| HeadRows::of(rows, 0..0, 0).is_some();
+    if let Some(seg) = all.first()
+        && !(readers(seg.keys()) && readers(seg.values()))
+    {
+        let part = kv.at_positions(positions.clone());
+        if part.len() > STAGE_MAX {
+            kvcore_scalar::attention_part(q, q_pos, &part, params, out, stats, q_rotated);
+            return Ok(());
         }
     }
     let (n, n_heads, hd) = q.dim();
@@ -570,8 +562,7 @@ pub(crate) fn attention_part<K: Kernel>(
         }
         // Rows without a reader of their own (`q4_0`) are staged in every call.
         let staged = |rows: KvRows<'_>| {
-            let own = HeadRows::of(rows, 0..0, 0).is_some();
-            (n > tile || !own) && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX
+            (n > tile || !readers(rows)) && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX
         };
         let (k_staged, v_staged) = match segs.first() {
             Some(seg) => (staged(seg.keys()), staged(seg.values())),

@@ -605,16 +605,8 @@ impl Encoded {
 /// rounding errors spread over every channel of the group in proportion to this, however
 /// small a channel's own back-rotated values are.
 fn spread_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
-    let blocks = a.dim().2;
-    let y: Vec<f32> = a
-        .iter()
-        .flat_map(|b| {
-            let mut y = [0f32; Q8_0_BLOCK];
-            decode(b, &mut y);
-            y
-        })
-        .collect();
-    let n = rotation_len(blocks * Q8_0_BLOCK);
+    let y = stored_values(a, decode);
+    let n = rotation_len(a.dim().2 * Q8_0_BLOCK);
     y.chunks_exact(n)
         .flat_map(|g| {
             let mean = g.iter().map(|v| f64::from(v.abs())).sum::<f64>() / n as f64;
@@ -623,19 +615,22 @@ fn spread_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> 
         .collect()
 }
 
-/// Blocks `[n, h, d / 32]` of rotated heads, each decoded by `decode` and rotated back
-/// in f64, row-major.
-fn rotated_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
-    let blocks = a.dim().2;
-    let y: Vec<f32> = a
-        .iter()
+/// Every block of `a` decoded by `decode`, as stored (rotated), row-major.
+fn stored_values<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
+    a.iter()
         .flat_map(|b| {
             let mut y = [0f32; Q8_0_BLOCK];
             decode(b, &mut y);
             y
         })
-        .collect();
-    y.chunks_exact(blocks * Q8_0_BLOCK)
+        .collect()
+}
+
+/// Blocks `[n, h, d / 32]` of rotated heads, each decoded by `decode` and rotated back
+/// in f64, row-major.
+fn rotated_blocks<B>(a: &Array3<B>, decode: impl Fn(&B, &mut [f32])) -> Vec<f32> {
+    stored_values(a, decode)
+        .chunks_exact(a.dim().2 * Q8_0_BLOCK)
         .flat_map(unrotate_f64)
         .collect()
 }
