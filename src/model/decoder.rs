@@ -45,6 +45,9 @@ pub struct GenerateParams {
     /// Stop strings, matched across tokens and not part of the text; empty ones are
     /// ignored.
     pub stop: Vec<String>,
+    /// Log-probabilities of each step's token and of this many most likely ones
+    /// ([`Step::logprobs`]; `None`: not computed).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -60,6 +63,7 @@ impl GenerateParams {
             max_tokens: Some(128),
             sampling,
             stop: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -105,6 +109,50 @@ pub struct Step {
     pub text: String,
     /// `Some` when this step ended the generation: the driver runs nothing more.
     pub finish: Option<FinishReason>,
+    /// The token's log-probability and the most likely tokens', when
+    /// [`GenerateParams::logprobs`] asks for them.
+    pub logprobs: Option<Logprobs>,
+}
+
+/// Log-probabilities of one step, from the raw logits: `log_softmax(logits)`, before
+/// the sampler chain (no logit bias, penalties, truncation or temperature), as OpenAI's
+/// `logprobs` are. Computed in f64, max-subtracted.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Logprobs {
+    /// The chosen token's.
+    pub logprob: f64,
+    /// The most likely tokens with theirs, by descending logit (ties: lower id first).
+    pub top: Vec<(u32, f64)>,
+}
+
+impl Logprobs {
+    /// `id`'s log-probability under `log_softmax(logits)` and the `top` most likely
+    /// tokens'. `logits` is a whole row without NaN (the sampler has checked it) and
+    /// `id` is inside it.
+    pub fn of(logits: &[f32], id: u32, top: usize) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = f64::from(max);
+        let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+        let log_z = max + sum.ln();
+        let lp = |i: u32| f64::from(logits[i as usize]) - log_z;
+        let by_logit = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+        let top = top.min(ids.len());
+        if top > 0 && top < ids.len() {
+            ids.select_nth_unstable_by(top - 1, by_logit);
+        }
+        ids.truncate(top);
+        ids.sort_unstable_by(by_logit);
+        Logprobs {
+            logprob: lp(id),
+            top: ids.into_iter().map(|i| (i, lp(i))).collect(),
+        }
+    }
 }
 
 /// Turns rows of logits into tokens and text, and decides when the generation ends (see
@@ -118,6 +166,8 @@ pub struct Decoder<'t> {
     budget: usize,
     /// Whether the context (not `max_tokens`) set the budget.
     context_bound: bool,
+    /// Top log-probabilities each step reports (`None`: none).
+    logprobs: Option<usize>,
     tokens: Vec<u32>,
     text: String,
     finish: Option<FinishReason>,
@@ -197,6 +247,7 @@ impl<'t> Decoder<'t> {
             text_of: None,
             budget,
             context_bound: params.max_tokens.is_none_or(|n| n > room),
+            logprobs: params.logprobs,
             tokens: Vec::new(),
             text: String::new(),
             // Nothing to generate: a driver only prefills.
@@ -220,6 +271,7 @@ impl<'t> Decoder<'t> {
             "Decoder::step after the generation ended"
         );
         let id = self.sampler.sample(logits)?;
+        let logprobs = self.logprobs.map(|top| Logprobs::of(logits, id, top));
         self.sampler.accept(id);
         self.tokens.push(id);
         let mut text = String::new();
@@ -246,6 +298,7 @@ impl<'t> Decoder<'t> {
             id,
             text,
             finish: self.finish,
+            logprobs,
         })
     }
 
@@ -486,5 +539,30 @@ mod tests {
             Decoder::tokens_only(&params(None, &["a"]), &[1], 100),
             Err(ModelError::Sampling { param: "stop", .. })
         ));
+    }
+
+    #[test]
+    fn logprobs_are_the_raw_rows_log_softmax_whatever_the_sampler_does() {
+        let tok = toy();
+        let mut p = params(Some(4), &[]);
+        p.logprobs = Some(3);
+        // A bias the sampler applies and the log-probabilities do not see.
+        p.sampling.logit_bias = vec![(b'z' as u32, 50.0)];
+        let mut d = Decoder::new(&tok, &p, &[1], 100).unwrap();
+        let mut row = vec![0.0f32; 261];
+        row[b'a' as usize] = 3.0;
+        row[b'b' as usize] = 2.0;
+        row[b'c' as usize] = 2.0;
+        let step = d.step(&row).unwrap();
+        assert_eq!(step.id, u32::from(b'z'));
+        let lp = step.logprobs.expect("asked for");
+        let z: f64 = row.iter().map(|&l| f64::from(l).exp()).sum();
+        assert!((lp.logprob - (1.0 / z).ln()).abs() < 1e-12, "{lp:?}");
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [b'a', b'b', b'c'].map(u32::from));
+        assert!((lp.top[0].1 - (3f64.exp() / z).ln()).abs() < 1e-12);
+        // Not asked for: not computed.
+        let mut d = Decoder::new(&tok, &params(Some(4), &[]), &[1], 100).unwrap();
+        assert_eq!(d.step(&row).unwrap().logprobs, None);
     }
 }

@@ -18,7 +18,7 @@ pub mod sample;
 
 pub use batch::BatchSeq;
 pub use config::{Arch, FfnActivation, LayerConfig, LlamaConfig};
-pub use decoder::{Decoder, FinishReason, GenerateParams, Step, token_room};
+pub use decoder::{Decoder, FinishReason, GenerateParams, Logprobs, Step, token_room};
 pub use generate::{GenStats, Generation, generate};
 pub use llama::{Activations, Llama, Logits, Q8_MAX_TOKENS};
 pub use sample::{Sampler, SamplerParams, Sampling};
