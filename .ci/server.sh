@@ -16,20 +16,39 @@ make_venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check openai==3.57.0
 
 bash .ci/build-native.sh  # target/release/kvcore
-log=$(mktemp)
-target/release/kvcore serve smollm2 --port 0 -t 2 2>"$log" &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
-url=
-for _ in $(seq 600); do
-    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | sed 's/listening on //' || true)
-    [ -n "$url" ] && break
-    kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "kvcore serve exited" >&2; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { cat "$log"; echo "kvcore serve did not start" >&2; exit 1; }
+logs=()
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "${logs[@]}"' EXIT
+# start ARGS...: a `kvcore serve smollm2` on a port the OS picks; sets $url, $pid, $log.
+start() {
+    log=$(mktemp)
+    logs+=("$log")
+    target/release/kvcore serve smollm2 --port 0 -t 2 "$@" 2>"$log" &
+    pid=$!
+    pids+=("$pid")
+    url=
+    for _ in $(seq 600); do
+        url=$(grep -o 'listening on http://[0-9.:]*' "$log" | sed 's/listening on //' || true)
+        [ -n "$url" ] && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "kvcore serve exited" >&2; exit 1; }
+        sleep 0.1
+    done
+    cat "$log"; echo "kvcore serve did not start" >&2; exit 1
+}
+# A second server that asks for an API key (the client test's 401s).
+key=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+keyfile=$(mktemp)
+logs+=("$keyfile")
+echo "$key" >"$keyfile"
+start --api-key-file "$keyfile"
+keyed_url=$url
+keyed_pid=$pid
+start
 echo "server at $url"
-"$venv/bin/python" server/tests/openai_client.py "$url" ../shared/reference/smollm2-135m-instruct-q4_1/logits.json
+"$venv/bin/python" server/tests/openai_client.py "$url" ../shared/reference/smollm2-135m-instruct-q4_1/logits.json \
+    "$keyed_url" "$key"
+kill -TERM "$keyed_pid"
+wait "$keyed_pid" || { echo "the keyed kvcore serve exited with $? after SIGTERM" >&2; exit 1; }
 # Careless and hostile clients (issue 50): timeouts, shutdown, error objects, admission,
 # /health under large prompts, /metrics accounting; each against servers it starts.
 python3 server/tests/hostile_clients.py target/release/kvcore smollm2

@@ -117,6 +117,21 @@ struct ServeArgs {
     /// The model's name in /v1/models [default: the file's name].
     #[arg(long)]
     model_id: Option<String>,
+    /// An API key clients must send as `Authorization: Bearer KEY` (repeat for more;
+    /// every route but /health and /metrics asks for one). A command line is visible
+    /// to the machine's other users: --api-key-file keeps the key out of it.
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_key: Vec<String>,
+    /// A file of API keys, one per line (blank lines ignored).
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// The key /health and /metrics ask for [default: they are open].
+    #[arg(long, value_name = "KEY")]
+    metrics_key: Option<String>,
+    /// An origin browsers may call the server from (CORS; repeat for more; `*` for
+    /// any) [default: none, so browsers refuse other origins' pages].
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origin: Vec<String>,
 }
 
 /// Where the model comes from and how it runs.

@@ -4,7 +4,7 @@ use crate::ServeArgs;
 use crate::commands::model_path;
 use anyhow::Context;
 use kvcore_engine::{Engine, Options};
-use kvcore_server::{HttpLimits, ServeConfig, Server};
+use kvcore_server::{Access, HttpLimits, ServeConfig, Server};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +66,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             body: seconds("--timeout-body", a.timeout_body)?,
             ..HttpLimits::default()
         },
+        access: Access {
+            api_keys: api_keys(&a.api_key, a.api_key_file.as_deref())?,
+            metrics_key: a.metrics_key.clone(),
+            cors_origins: a.cors_origin.clone(),
+        },
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -107,6 +112,30 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("kvcore serve: stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The keys of `--api-key` and those of `--api-key-file` (one per line, blank lines
+/// ignored); an empty key or a file without any is refused.
+fn api_keys(given: &[String], file: Option<&std::path::Path>) -> anyhow::Result<Vec<String>> {
+    let mut keys = given.to_vec();
+    if keys.iter().any(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key: an empty key");
+    }
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--api-key-file {}", path.display()))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned),
+        );
+        if keys.len() == before {
+            anyhow::bail!("--api-key-file {}: no key in it", path.display());
+        }
+    }
+    Ok(keys)
 }
 
 /// A duration from seconds, refused when negative, not finite or too large.

@@ -8,7 +8,7 @@
 
 use crate::HttpLimits;
 use crate::api::{self, BadRequest, Body, ChatRequest, CompletionRequest, Limits};
-use crate::scheduler::{Event, Job, State, Summary};
+use crate::scheduler::{Event, Job, State, Summary, TokenLogprobs};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Request, State as Extract};
@@ -23,7 +23,9 @@ use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// What every handler sees.
 pub(crate) struct App {
@@ -36,13 +38,19 @@ pub(crate) struct App {
     pub(crate) parallel: usize,
     pub(crate) model_id: String,
     pub(crate) next_id: AtomicU64,
+    /// See [`Access`](crate::Access).
+    pub(crate) api_keys: Vec<String>,
+    pub(crate) metrics_key: Option<String>,
+    /// The CORS layer (`None`: no CORS headers).
+    pub(crate) cors: Option<CorsLayer>,
 }
 
 type Shared = Arc<App>;
 
 /// The routes.
 pub(crate) fn router(app: Shared) -> Router {
-    Router::new()
+    let cors = app.cors.clone();
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -53,12 +61,85 @@ pub(crate) fn router(app: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(app.clone(), guard))
-        .with_state(app)
+        .with_state(app);
+    // Outermost: preflights are answered before the guard, and every answer (a 401
+    // too) carries the CORS headers a browser needs to read it.
+    match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
 }
 
-/// Before any route: refuses header fields beyond their limit (431), a body that is not
-/// JSON (415), too large (413) or too slow (408); reads the body whole; and while the
-/// server drains, asks the client to close the connection.
+/// The CORS layer for `origins` (`*`: any), or `None` for none; an origin that is not
+/// a header value is named.
+pub(crate) fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let values = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o).map_err(|_| format!("--cors-origin {o:?}: not an origin"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        AllowOrigin::list(values)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(std::time::Duration::from_secs(600)),
+    ))
+}
+
+/// The 401 to answer, unless `req`'s path asks for no key or it presents one of them
+/// as `Authorization: Bearer KEY` (compared in constant time).
+fn refuse_key(app: &App, req: &Request) -> Option<Response> {
+    let keys = match req.uri().path() {
+        "/health" | "/metrics" => app.metrics_key.as_slice(),
+        _ => app.api_keys.as_slice(),
+    };
+    if keys.is_empty() {
+        return None;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let message = match presented {
+        None => "no API key: send it as Authorization: Bearer KEY",
+        Some(p)
+            if keys
+                .iter()
+                .any(|k| bool::from(k.as_bytes().ct_eq(p.as_bytes()))) =>
+        {
+            return None;
+        }
+        Some(_) => "the API key is not valid",
+    };
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        message,
+        "invalid_request_error",
+        None,
+        Some("invalid_api_key"),
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(r)
+}
+
+/// Before any route: refuses header fields beyond their limit (431), a request without
+/// its key (401: `/health` and `/metrics` ask for the metrics key, every other path for
+/// an API key, when the server has them), a body that is not JSON (415), too large
+/// (413) or too slow (408); reads the body whole; and while the server drains, asks the
+/// client to close the connection.
 async fn guard(Extract(app): Extract<Shared>, req: Request, next: Next) -> Response {
     let limits = app.http;
     let header_bytes: usize = req
@@ -77,6 +158,8 @@ async fn guard(Extract(app): Extract<Shared>, req: Request, next: Next) -> Respo
             None,
             Some("headers_too_large"),
         )
+    } else if let Some(refused) = refuse_key(&app, &req) {
+        refused
     } else if let Some(refused) = refuse_content_type(&req) {
         refused
     } else {
@@ -338,6 +421,7 @@ struct Asked {
     model: Option<String>,
     stream: bool,
     include_usage: bool,
+    logprobs: bool,
 }
 
 /// Parses, renders, tokenizes and checks a body: the CPU-bound part of a request.
@@ -345,11 +429,12 @@ fn prepare<R: Prompted>(app: &App, body: &[u8]) -> Result<(Job, Asked), BadReque
     let req: R = api::parse(body)?;
     let ids = req.ids(&app.engine)?;
     let common = req.common();
-    let job = common.job(ids, app.limits, R::PROMPT)?;
+    let job = common.job(ids, app.limits, R::ENDPOINT)?;
     let asked = Asked {
         model: common.model.clone(),
         stream: common.stream == Some(true),
         include_usage: common.include_usage(),
+        logprobs: job.logprobs(),
     };
     Ok((job, asked))
 }
@@ -397,6 +482,8 @@ async fn start<R: Prompted>(app: Shared, kind: Kind, body: Bytes) -> Response {
         created: api::now(),
         model: asked.model.unwrap_or_else(|| app.model_id.clone()),
         kind,
+        logprobs: asked.logprobs,
+        offset: 0,
     };
     if asked.stream {
         stream(head, rx, asked.include_usage)
@@ -411,6 +498,10 @@ struct Head {
     created: u64,
     model: String,
     kind: Kind,
+    /// Whether the choices report log-probabilities.
+    logprobs: bool,
+    /// Characters of text the completion's `text_offset`s have counted so far.
+    offset: usize,
 }
 
 impl Head {
@@ -440,6 +531,15 @@ impl Head {
         }
     }
 
+    /// A choice's `logprobs` for `tokens`: `null` when the request did not ask.
+    fn logprobs(&mut self, tokens: &[TokenLogprobs]) -> Value {
+        match (self.logprobs, self.kind) {
+            (false, _) => Value::Null,
+            (true, Kind::Chat) => api::chat_logprobs(tokens),
+            (true, Kind::Text) => api::text_logprobs(tokens, &mut self.offset),
+        }
+    }
+
     fn body(&self, choices: Vec<Value>, usage: Option<&Summary>, chunk: bool) -> Value {
         let mut v = json!({
             "id": self.id, "object": self.object(chunk), "created": self.created,
@@ -452,13 +552,18 @@ impl Head {
     }
 }
 
-async fn whole(head: Head, mut rx: UnboundedReceiver<Event>) -> Response {
+async fn whole(mut head: Head, mut rx: UnboundedReceiver<Event>) -> Response {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t, lp) => {
+                text.push_str(&t);
+                logprobs.extend(lp);
+            }
             Event::Done(s) => {
-                let choice = head.choice(Some(&text), Some(api::finish_name(s.finish)), false);
+                let mut choice = head.choice(Some(&text), Some(api::finish_name(s.finish)), false);
+                choice["logprobs"] = head.logprobs(&logprobs);
                 return json_response(StatusCode::OK, head.body(vec![choice], Some(&s), false));
             }
             Event::Failed(msg) => return unavailable(&msg),
@@ -482,8 +587,9 @@ fn stream(head: Head, rx: UnboundedReceiver<Event>, include_usage: bool) -> Resp
         Phase::Body
     };
     let data = |v: Value| Ok::<_, Infallible>(SseEvent::default().data(v.to_string()));
-    let events =
-        futures_util::stream::unfold((head, rx, first), move |(head, mut rx, phase)| async move {
+    let events = futures_util::stream::unfold(
+        (head, rx, first),
+        move |(mut head, mut rx, phase)| async move {
             match phase {
                 Phase::Role => {
                     let mut choice = head.choice(None, None, true);
@@ -492,9 +598,10 @@ fn stream(head: Head, rx: UnboundedReceiver<Event>, include_usage: bool) -> Resp
                     Some((e, (head, rx, Phase::Body)))
                 }
                 Phase::Body => match rx.recv().await {
-                    Some(Event::Text(t)) => {
-                        let e =
-                            data(head.body(vec![head.choice(Some(&t), None, true)], None, true));
+                    Some(Event::Text(t, lp)) => {
+                        let mut choice = head.choice(Some(&t), None, true);
+                        choice["logprobs"] = head.logprobs(&Vec::from_iter(lp));
+                        let e = data(head.body(vec![choice], None, true));
                         Some((e, (head, rx, Phase::Body)))
                     }
                     Some(Event::Done(s)) => {
@@ -529,7 +636,8 @@ fn stream(head: Head, rx: UnboundedReceiver<Event>, include_usage: bool) -> Resp
                 )),
                 Phase::End => None,
             }
-        });
+        },
+    );
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -76,6 +76,33 @@ pub struct ServeConfig {
     pub model_id: String,
     /// The connection limits.
     pub http: HttpLimits,
+    /// Who may call it.
+    pub access: Access,
+}
+
+/// Who may call the server: API keys and the browser origins CORS lets in.
+#[derive(Clone, Default)]
+pub struct Access {
+    /// Keys a request must present as `Authorization: Bearer KEY` (empty: no key is
+    /// asked for). A request without one of them is answered 401.
+    pub api_keys: Vec<String>,
+    /// The key `/health` and `/metrics` ask for (`None`: they are open, whatever
+    /// `api_keys` holds, for probes and scrapers).
+    pub metrics_key: Option<String>,
+    /// Origins a browser may call the server from (CORS): `*` for any; empty: no CORS
+    /// headers, so browsers refuse pages from other origins.
+    pub cors_origins: Vec<String>,
+}
+
+/// Keys are not printed.
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("api_keys", &format_args!("{} keys", self.api_keys.len()))
+            .field("metrics_key", &self.metrics_key.is_some())
+            .field("cors_origins", &self.cors_origins)
+            .finish()
+    }
 }
 
 /// What one connection and one request may take.
@@ -118,6 +145,7 @@ impl Default for ServeConfig {
             shutdown_timeout: Duration::from_secs(10),
             model_id: "kvcore".into(),
             http: HttpLimits::default(),
+            access: Access::default(),
         }
     }
 }
@@ -175,12 +203,23 @@ impl Server {
         if config.parallel == 0 {
             return Err(ServeError::Config("--parallel must be at least 1".into()));
         }
+        let cors = http::cors(&config.access.cors_origins).map_err(ServeError::Config)?;
+        let access = &config.access;
+        if access
+            .api_keys
+            .iter()
+            .chain(&access.metrics_key)
+            .any(String::is_empty)
+        {
+            return Err(ServeError::Config("an API key is empty".into()));
+        }
         let chunk = config.prefill_chunk.max(1).div_ceil(b) * b;
         let limits = api::Limits {
             ctx,
             kv_budget: config.kv_budget,
             block_len: b,
             block_bytes: pool.block_bytes(),
+            vocab: engine.vocab_size(),
         };
         if limits.full_sequences() == 0 {
             return Err(ServeError::Config(format!(
@@ -213,6 +252,9 @@ impl Server {
             parallel: config.parallel,
             model_id: config.model_id.clone(),
             next_id: AtomicU64::new(1),
+            api_keys: access.api_keys.clone(),
+            metrics_key: access.metrics_key.clone(),
+            cors,
         });
         Ok(Server {
             app,

@@ -34,8 +34,11 @@
 use crate::metrics::Metrics;
 use kvcore_engine::kvcore::KvStore;
 use kvcore_engine::kvcore::kv::{KvPool, PagedKv};
-use kvcore_engine::kvcore::model::{BatchSeq, Decoder, GenerateParams, Logits, ModelError};
+use kvcore_engine::kvcore::model::{
+    BatchSeq, Decoder, GenerateParams, Logits, Logprobs, ModelError,
+};
 use kvcore_engine::kvcore::ndarray::Array2;
+use kvcore_engine::kvcore::tokenizer::Tokenizer;
 use kvcore_engine::{Engine, Error, FinishReason};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -47,12 +50,37 @@ use tokio::sync::mpsc::UnboundedSender;
 /// What the scheduler tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// The next piece of text.
-    Text(String),
+    /// The next piece of text (possibly empty), and the log-probabilities of the token
+    /// that produced it when the request asked for them.
+    Text(String, Option<TokenLogprobs>),
     /// The generation ended.
     Done(Summary),
     /// The request failed after it was accepted.
     Failed(String),
+}
+
+/// One generated token's log-probability and the most likely tokens', each with its
+/// bytes (a token may hold part of a UTF-8 character).
+#[derive(Clone, Debug)]
+pub struct TokenLogprobs {
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f64,
+    /// The most likely tokens' bytes and log-probabilities, most likely first.
+    pub top: Vec<(Vec<u8>, f64)>,
+}
+
+impl TokenLogprobs {
+    fn new(tok: &Tokenizer, id: u32, lp: &Logprobs) -> Self {
+        // Every id comes from a row of the vocabulary's size.
+        let bytes = |id: u32| tok.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
+        TokenLogprobs {
+            bytes: bytes(id),
+            logprob: lp.logprob,
+            top: lp.top.iter().map(|&(i, l)| (bytes(i), l)).collect(),
+        }
+    }
 }
 
 /// How a generation ended.
@@ -92,6 +120,11 @@ impl Job {
     /// Its prompt's length.
     pub fn prompt_len(&self) -> usize {
         self.prompt.len()
+    }
+
+    /// Whether its tokens report log-probabilities.
+    pub fn logprobs(&self) -> bool {
+        self.params.logprobs.is_some()
     }
 
     /// Sends its events to `tx`.
@@ -521,6 +554,7 @@ impl<'e> Scheduler<'e> {
             let tokens = plan.runs.iter().map(|(_, t)| t.len() as u64).sum();
             Metrics::add(&m.step_tokens, tokens);
         }
+        let tok = self.engine.tokenizer();
         for ((i, input), logits) in plan.runs.into_iter().zip(&outputs) {
             let a = &mut self.active[i];
             a.tokens.extend_from_slice(&input);
@@ -538,8 +572,14 @@ impl<'e> Scheduler<'e> {
                 Err(e) => exits.push((i, Exit::Failed(Error::Model(e).message()))),
                 Ok(step) => {
                     Metrics::add(&m.generated_tokens, 1);
-                    if !step.text.is_empty() {
-                        a.job.send(Event::Text(step.text));
+                    // The end-of-turn token has no text and no log-probability entry.
+                    let logprobs = step
+                        .logprobs
+                        .as_ref()
+                        .filter(|_| !tok.is_stop(step.id))
+                        .map(|lp| TokenLogprobs::new(tok, step.id, lp));
+                    if !step.text.is_empty() || logprobs.is_some() {
+                        a.job.send(Event::Text(step.text, logprobs));
                     }
                     match step.finish {
                         Some(finish) => exits.push((i, Exit::Finished(finish))),

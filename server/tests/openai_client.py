@@ -1,19 +1,24 @@
 """The official `openai` Python client against a running `kvcore serve` (SmolLM2).
 
-Usage: python openai_client.py BASE_URL REFERENCE_LOGITS_JSON
+Usage: python openai_client.py BASE_URL REFERENCE_LOGITS_JSON KEYED_URL KEY
 
 Chat and text completions, whole and streamed (the streamed text must equal the whole
-one), usage, stop strings, the model list, and errors the client raises as
-`openai.BadRequestError`. The greedy text of the reference prompt "The capital of France
+one), usage, stop strings, the model list, log-probabilities (the top one is the greedy
+token; the top's probabilities sum to at most 1), errors the client raises as
+`openai.BadRequestError` (among them a 400 for each refused field, naming it), and a
+second server, started with KEY, answering 401 (`openai.AuthenticationError`) without
+it. The greedy text of the reference prompt "The capital of France
 is" comes from `../shared/reference` (an independent float64 implementation).
 """
 
 import json
+import math
 import sys
+import urllib.request
 
 import openai
 
-base, reference_path = sys.argv[1], sys.argv[2]
+base, reference_path, keyed_base, key = sys.argv[1:5]
 client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 models = client.models.list()
@@ -90,5 +95,74 @@ for kwargs, needle in [
         assert e.status_code == 400 and needle in e.message, (e.status_code, e.message)
     else:
         raise AssertionError(f"{kwargs} was accepted")
+
+# Log-probabilities, chat: the greedy token is the top one, its bytes rebuild the text,
+# and the top's probabilities sum to at most 1.
+lp = client.chat.completions.create(
+    model=model, messages=messages, temperature=0, max_tokens=12, logprobs=True, top_logprobs=5
+)
+content = lp.choices[0].logprobs.content
+assert content, lp
+assert bytes(b for t in content for b in t.bytes).decode() == lp.choices[0].message.content, lp
+for t in content:
+    assert len(t.top_logprobs) == 5, t
+    assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob, t
+    assert sum(math.exp(x.logprob) for x in t.top_logprobs) <= 1 + 1e-9, t
+    assert all(a.logprob >= b.logprob for a, b in zip(t.top_logprobs, t.top_logprobs[1:])), t
+streamed = [
+    t
+    for c in client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=12, logprobs=True,
+        top_logprobs=5, stream=True,
+    )
+    if c.choices and c.choices[0].logprobs
+    for t in c.choices[0].logprobs.content
+]
+assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+# Log-probabilities, completions: logprobs=N.
+lp = client.completions.create(
+    model=model, prompt=france["text"], max_tokens=n, temperature=0, logprobs=3
+).choices[0]
+assert "".join(lp.logprobs.tokens) == lp.text, lp
+for chosen, top in zip(lp.logprobs.token_logprobs, lp.logprobs.top_logprobs):
+    assert chosen == max(top.values()), (chosen, top)
+    assert sum(math.exp(x) for x in top.values()) <= 1 + 1e-9, top
+
+# Fields the server does not implement: a 400 naming each.
+for create, kwargs, field in [
+    (client.chat.completions.create, {"response_format": {"type": "json_object"}}, "response_format"),
+    (client.chat.completions.create, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    (client.chat.completions.create, {"tool_choice": "required"}, "tool_choice"),
+    (client.chat.completions.create, {"extra_body": {"grammar": "root ::= \"a\""}}, "grammar"),
+    (client.chat.completions.create, {"extra_body": {"json_schema": {"type": "object"}}}, "json_schema"),
+    (client.chat.completions.create, {"extra_body": {"mirostat": 2}}, "mirostat"),
+    (client.chat.completions.create, {"store": True}, "store"),
+    (client.completions.create, {"echo": True}, "echo"),
+    (client.completions.create, {"suffix": "end"}, "suffix"),
+    (client.completions.create, {"best_of": 2}, "best_of"),
+]:
+    body = {"messages": messages} if create == client.chat.completions.create else {"prompt": "Hi"}
+    try:
+        create(model=model, max_tokens=4, **body, **kwargs)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.param == field and field in e.message, (field, e.message)
+    else:
+        raise AssertionError(f"{field} was accepted")
+
+# A server with an API key: 401 without it (OpenAI's error shape), answers with it, and
+# /health stays open.
+for wrong in ["unused", key + "x"]:
+    try:
+        openai.OpenAI(base_url=keyed_base + "/v1", api_key=wrong, max_retries=0).models.list()
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401 and e.code == "invalid_api_key", e
+    else:
+        raise AssertionError(f"the key {wrong!r} was accepted")
+keyed = openai.OpenAI(base_url=keyed_base + "/v1", api_key=key, max_retries=0, timeout=120)
+reply = keyed.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=24)
+assert "Paris" in reply.choices[0].message.content, reply
+with urllib.request.urlopen(keyed_base + "/health") as r:
+    assert r.status == 200
 
 print("openai client test: ok (openai", openai.__version__ + ")")
