@@ -471,3 +471,139 @@ fn bad_access_settings_are_refused_at_start_up() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn tokenize_detokenize_and_apply_template_match_the_reference() {
+    let server = Server::start(&[]);
+    let hello = reference("chat-hello");
+    let france = reference("raw-france");
+    // The template renders the reference's conversation; its text tokenizes to the
+    // reference's prompt ids, special tokens parsed.
+    let v = post_ok(
+        &server,
+        "/apply-template",
+        &json!({"messages": [{"role": "user", "content": "Hello"}]}),
+    );
+    assert_eq!(v["prompt"], hello["rendered"]);
+    let v = post_ok(&server, "/tokenize", &json!({"content": hello["rendered"]}));
+    assert_eq!(v["tokens"], hello["prompt_ids"]);
+    // Literal: the markup is text.
+    let v = post_ok(
+        &server,
+        "/tokenize",
+        &json!({"content": hello["rendered"], "parse_special": false}),
+    );
+    assert_ne!(v["tokens"], hello["prompt_ids"]);
+    let v = post_ok(
+        &server,
+        "/tokenize",
+        &json!({"content": france["text"], "with_pieces": true}),
+    );
+    let pieces = v["tokens"].as_array().unwrap();
+    let ids: Vec<Value> = pieces.iter().map(|p| p["id"].clone()).collect();
+    assert_eq!(Value::from(ids), france["prompt_ids"]);
+    let text: String = pieces
+        .iter()
+        .map(|p| p["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, france["text"].as_str().unwrap());
+    let v = post_ok(
+        &server,
+        "/detokenize",
+        &json!({"tokens": france["greedy_ids"]}),
+    );
+    assert_eq!(v["content"], france["greedy_text"]);
+    // Bad bodies name the field.
+    for (path, body, param) in [
+        ("/detokenize", json!({"tokens": [4_000_000]}), "tokens"),
+        ("/detokenize", json!({"tokens": "x"}), "tokens"),
+        ("/tokenize", json!({"content": 5}), "content"),
+        (
+            "/apply-template",
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages",
+        ),
+    ] {
+        let (status, v) = server.post(path, &body);
+        assert_eq!(
+            (status, &v["error"]["param"]),
+            (400, &json!(param)),
+            "{path} {body}: {v}"
+        );
+    }
+}
+
+#[test]
+fn embeddings_are_the_engines_in_openais_shape_as_floats_or_base64() {
+    use base64::Engine as _;
+    let server = Server::start(&[]);
+    let engine = kvcore_engine::Engine::load(
+        std::path::Path::new(&common::smollm2()),
+        kvcore_engine::Options::default(),
+    )
+    .expect("the engine");
+    let texts = ["The capital of France is Paris.", "def fib(n):"];
+    let v = post_ok(
+        &server,
+        "/v1/embeddings",
+        &json!({"input": texts, "model": "m"}),
+    );
+    assert_eq!((&v["object"], &v["model"]), (&json!("list"), &json!("m")));
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let mut tokens = 0;
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(
+            (&d["object"], &d["index"]),
+            (&json!("embedding"), &json!(i))
+        );
+        // f32s written as their shortest decimals.
+        let got: Vec<f32> = d["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let want = engine.embed(texts[i]).unwrap();
+        assert_eq!(got.len(), want.len());
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-4, "{i}: {worst}");
+        tokens += engine.tokenize(texts[i], false, false).len();
+        // Base64: the same floats, little-endian.
+        let b = post_ok(
+            &server,
+            "/v1/embeddings",
+            &json!({"input": texts[i], "encoding_format": "base64"}),
+        );
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b["data"][0]["embedding"].as_str().unwrap())
+            .unwrap();
+        let floats: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(floats, got);
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    for (fields, param) in [
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+        (json!({"input": [1, 2, 3]}), "input"),
+        (json!({"input": ""}), "input"),
+        (json!({"input": []}), "input"),
+        (json!({"input": "x", "dimensions": 3}), "dimensions"),
+    ] {
+        let (status, v) = server.post("/v1/embeddings", &fields);
+        assert_eq!(
+            (status, &v["error"]["param"]),
+            (400, &json!(param)),
+            "{fields}: {v}"
+        );
+    }
+}

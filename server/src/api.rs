@@ -446,21 +446,34 @@ impl Body for CompletionRequest {
 /// max_tokens: invalid type: string \"ten\", expected u64" with `param` `max_tokens`;
 /// or the first field the server refuses ([`FIELDS`]).
 pub fn parse<T: Body>(body: &[u8]) -> Checked<T> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| BadRequest::new(format!("invalid request body: {e}"), None))?;
+    let v = json_of(body)?;
     refuse_unsupported(&v)?;
-    T::from_json(&v).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." {
-            BadRequest::new(format!("invalid request body: {inner}"), None)
-        } else {
-            BadRequest::new(
-                format!("invalid request body: {path}: {inner}"),
-                Some(&path),
-            )
-        }
-    })
+    T::from_json(&v).map_err(path_error)
+}
+
+/// A body's JSON, or a 400 saying why it is not JSON.
+pub(crate) fn json_of(body: &[u8]) -> Checked<Value> {
+    serde_json::from_slice(body)
+        .map_err(|e| BadRequest::new(format!("invalid request body: {e}"), None))
+}
+
+/// `T` from a body's JSON, naming the field at fault (see [`parse`]).
+pub(crate) fn read<T: DeserializeOwned>(v: &Value) -> Checked<T> {
+    serde_path_to_error::deserialize(v).map_err(path_error)
+}
+
+/// A 400 naming where serde found the body wrong.
+fn path_error(e: PathError) -> BadRequest {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if path == "." {
+        BadRequest::new(format!("invalid request body: {inner}"), None)
+    } else {
+        BadRequest::new(
+            format!("invalid request body: {path}: {inner}"),
+            Some(&path),
+        )
+    }
 }
 
 /// The limits a request is checked against.
@@ -495,59 +508,85 @@ impl ChatRequest {
     /// The prompt's ids: the messages rendered by the model's chat template (their text
     /// literal: a message cannot write control tokens).
     pub fn prompt_ids(&self, engine: &Engine) -> Checked<Vec<u32>> {
-        if self.messages.is_empty() {
+        engine
+            .chat_ids(&chat_messages(&self.messages)?)
+            .map_err(|e| BadRequest::new(e.message(), Some("messages")))
+    }
+}
+
+/// A body of chat messages alone (`/apply-template`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Messages {
+    messages: Vec<Message>,
+}
+
+impl Messages {
+    /// The messages rendered by the model's chat template as text, ready for the
+    /// assistant's reply.
+    pub(crate) fn render(&self, engine: &Engine) -> Checked<String> {
+        let messages = chat_messages(&self.messages)?;
+        let template = engine
+            .template()
+            .ok_or_else(|| BadRequest::new("the model has no chat template", Some("messages")))?;
+        template
+            .render(&messages, true)
+            .map_err(|e| BadRequest::new(e.to_string(), Some("messages")))
+    }
+}
+
+/// The messages as the chat template takes them: the roles the server knows, text
+/// content only.
+fn chat_messages(given: &[Message]) -> Checked<Vec<ChatMessage>> {
+    if given.is_empty() {
+        return Err(BadRequest::new(
+            "messages must hold at least one message",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::with_capacity(given.len());
+    for m in given {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "developer" | "user" | "assistant"
+        ) {
             return Err(BadRequest::new(
-                "messages must hold at least one message",
+                format!(
+                    "unknown role {:?}: system, developer, user or assistant",
+                    m.role
+                ),
                 Some("messages"),
             ));
         }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for m in &self.messages {
-            if !matches!(
-                m.role.as_str(),
-                "system" | "developer" | "user" | "assistant"
-            ) {
-                return Err(BadRequest::new(
-                    format!(
-                        "unknown role {:?}: system, developer, user or assistant",
-                        m.role
-                    ),
-                    Some("messages"),
-                ));
-            }
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(BadRequest::new(
-                                    format!(
-                                        "content parts of type {kind:?} are not supported: text only"
-                                    ),
-                                    Some("messages"),
-                                ));
-                            }
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(BadRequest::new(
+                                format!(
+                                    "content parts of type {kind:?} are not supported: text only"
+                                ),
+                                Some("messages"),
+                            ));
                         }
                     }
-                    text
                 }
-            };
-            // The templates know system, user and assistant.
-            let role = if m.role == "developer" {
-                "system"
-            } else {
-                &m.role
-            };
-            messages.push(ChatMessage::new(role, content));
-        }
-        engine
-            .chat_ids(&messages)
-            .map_err(|e| BadRequest::new(e.message(), Some("messages")))
+                text
+            }
+        };
+        // The templates know system, user and assistant.
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            &m.role
+        };
+        messages.push(ChatMessage::new(role, content));
     }
+    Ok(messages)
 }
 
 impl CompletionRequest {

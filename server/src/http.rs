@@ -8,6 +8,7 @@
 
 use crate::HttpLimits;
 use crate::api::{self, BadRequest, Body, ChatRequest, CompletionRequest, Limits};
+use crate::extras;
 use crate::scheduler::{Event, Job, State, Summary, TokenLogprobs};
 use axum::Router;
 use axum::body::Bytes;
@@ -57,6 +58,10 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/props", get(props))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
+        .route("/v1/embeddings", post(embeddings))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -309,7 +314,7 @@ fn unavailable(message: &str) -> Response {
     r
 }
 
-const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /props, GET /health and GET /metrics";
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, POST /tokenize, POST /detokenize, POST /apply-template, GET /props, GET /health and GET /metrics";
 
 async fn not_found() -> Response {
     error(
@@ -416,6 +421,75 @@ impl Prompted for CompletionRequest {
     }
 }
 
+/// Runs `work` on tokio's blocking pool: its result, or the 400 (or 500) to answer.
+async fn off_runtime<T: Send + 'static>(
+    app: &Shared,
+    work: impl FnOnce(&App) -> Result<T, BadRequest> + Send + 'static,
+) -> Result<T, Response> {
+    let shared = app.clone();
+    match tokio::task::spawn_blocking(move || work(&shared)).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(b)) => Err(bad(app, b)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the request could not be prepared: {e}"),
+            "server_error",
+            None,
+            None,
+        )),
+    }
+}
+
+/// The 503 to answer when the server drains or every slot and the queue are full;
+/// otherwise the request holds a place until [`State::release`].
+fn refuse_admission(app: &App) -> Option<Response> {
+    let refused = if app.state.draining.load(Ordering::SeqCst) {
+        "the server is shutting down"
+    } else if !app.state.admit() {
+        "the server is busy: every slot and the queue are full; retry later"
+    } else {
+        return None;
+    };
+    api_metrics_add(&app.state.metrics.rejected);
+    Some(unavailable(refused))
+}
+
+/// Answers the JSON `work` makes off the runtime thread.
+async fn answer(
+    app: Shared,
+    work: impl FnOnce(&App) -> Result<Value, BadRequest> + Send + 'static,
+) -> Response {
+    match off_runtime(&app, work).await {
+        Ok(v) => json_response(StatusCode::OK, v),
+        Err(refused) => refused,
+    }
+}
+
+async fn tokenize(Extract(app): Extract<Shared>, body: Bytes) -> Response {
+    answer(app, move |app| extras::tokenize(&app.engine, &body)).await
+}
+
+async fn detokenize(Extract(app): Extract<Shared>, body: Bytes) -> Response {
+    answer(app, move |app| extras::detokenize(&app.engine, &body)).await
+}
+
+async fn apply_template(Extract(app): Extract<Shared>, body: Bytes) -> Response {
+    answer(app, move |app| extras::apply_template(&app.engine, &body)).await
+}
+
+/// Embeddings hold a place like a completion while they run.
+async fn embeddings(Extract(app): Extract<Shared>, body: Bytes) -> Response {
+    if let Some(refused) = refuse_admission(&app) {
+        return refused;
+    }
+    let r = answer(app.clone(), move |app| {
+        extras::embeddings(&app.engine, app.limits, &app.model_id, &body)
+    })
+    .await;
+    app.state.release();
+    r
+}
+
 /// What the answer repeats of the request.
 struct Asked {
     model: Option<String>,
@@ -442,30 +516,12 @@ fn prepare<R: Prompted>(app: &App, body: &[u8]) -> Result<(Job, Asked), BadReque
 /// Checks (off the runtime thread), admits and hands a request to the scheduler;
 /// answers as it asked.
 async fn start<R: Prompted>(app: Shared, kind: Kind, body: Bytes) -> Response {
-    let prepared = {
-        let app = app.clone();
-        tokio::task::spawn_blocking(move || prepare::<R>(&app, &body)).await
+    let (job, asked) = match off_runtime(&app, move |app| prepare::<R>(app, &body)).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
     };
-    let (job, asked) = match prepared {
-        Ok(Ok(p)) => p,
-        Ok(Err(b)) => return bad(&app, b),
-        Err(e) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("the request could not be prepared: {e}"),
-                "server_error",
-                None,
-                None,
-            );
-        }
-    };
-    if app.state.draining.load(Ordering::SeqCst) {
-        api_metrics_add(&app.state.metrics.rejected);
-        return unavailable("the server is shutting down");
-    }
-    if !app.state.admit() {
-        api_metrics_add(&app.state.metrics.rejected);
-        return unavailable("the server is busy: every slot and the queue are full; retry later");
+    if let Some(refused) = refuse_admission(&app) {
+        return refused;
     }
     let (tx, rx) = unbounded_channel();
     if app.jobs.send(job.with_events(tx)).is_err() {

@@ -15,7 +15,9 @@
 //! - [`scheduler`]: the one thread that runs the model, step by step over every running
 //!   sequence (its docs say what a step does and why a request's tokens do not depend
 //!   on what else is running);
-//! - [`metrics`]: the Prometheus counters.
+//! - [`metrics`]: the Prometheus counters;
+//! - `extras`: llama-server's `/tokenize`, `/detokenize` and `/apply-template`, and
+//!   OpenAI's `/v1/embeddings`.
 //!
 //! The numerics run on the scheduler thread and the engine's own thread pool; parsing,
 //! the chat template and tokenizing run on tokio's blocking pool; the async runtime
@@ -40,6 +42,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+mod extras;
 pub mod http;
 pub mod metrics;
 pub mod scheduler;

@@ -3,7 +3,7 @@
 Usage: python openai_client.py BASE_URL REFERENCE_LOGITS_JSON KEYED_URL KEY
 
 Chat and text completions, whole and streamed (the streamed text must equal the whole
-one), usage, stop strings, the model list, log-probabilities (the top one is the greedy
+one), usage, stop strings, the model list, embeddings, log-probabilities (the top one is the greedy
 token; the top's probabilities sum to at most 1), errors the client raises as
 `openai.BadRequestError` (among them a 400 for each refused field, naming it), and a
 second server, started with KEY, answering 401 (`openai.AuthenticationError`) without
@@ -128,6 +128,16 @@ assert "".join(lp.logprobs.tokens) == lp.text, lp
 for chosen, top in zip(lp.logprobs.token_logprobs, lp.logprobs.top_logprobs):
     assert chosen == max(top.values()), (chosen, top)
     assert sum(math.exp(x) for x in top.values()) <= 1 + 1e-9, top
+
+# Embeddings: the client asks for base64 and decodes it; each is L2-normalised.
+emb = client.embeddings.create(model=model, input=["The capital of France is Paris.", "def fib(n):"])
+assert [d.index for d in emb.data] == [0, 1], emb
+for d in emb.data:
+    assert len(d.embedding) == len(emb.data[0].embedding) > 0, d
+    assert abs(math.sqrt(sum(x * x for x in d.embedding)) - 1) < 1e-3, d
+assert emb.usage.prompt_tokens > 0, emb.usage
+floats = client.embeddings.create(model=model, input="def fib(n):", encoding_format="float")
+assert max(abs(a - b) for a, b in zip(floats.data[0].embedding, emb.data[1].embedding)) < 1e-6
 
 # Fields the server does not implement: a 400 naming each.
 for create, kwargs, field in [
