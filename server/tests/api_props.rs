@@ -49,7 +49,7 @@ fn field_value() -> impl Strategy<Value = Value> {
     ]
 }
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 24] = [
     "model",
     "max_tokens",
     "max_completion_tokens",
@@ -64,7 +64,33 @@ const FIELDS: [&str; 14] = [
     "frequency_penalty",
     "logprobs",
     "echo",
+    "top_logprobs",
+    "logit_bias",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "n_predict",
+    "tools",
+    "response_format",
+    "mirostat",
 ];
+
+/// `logit_bias` as the server reads it: an object of token ids (below the vocabulary)
+/// to biases in [-100, 100] or `false`, or a list of such `[id, bias]` pairs.
+fn valid_bias(v: &Value) -> bool {
+    let id = |i: Option<u64>| i.is_some_and(|i| i < u64::from(LIMITS.vocab as u32));
+    let bias =
+        |b: &Value| b == &json!(false) || b.as_f64().is_some_and(|x| (-100.0..=100.0).contains(&x));
+    match v {
+        Value::Object(m) => m.iter().all(|(k, b)| id(k.parse().ok()) && bias(b)),
+        Value::Array(a) => a.iter().all(|p| match p.as_array().map(Vec::as_slice) {
+            Some([i, b]) => id(i.as_u64()) && bias(b),
+            _ => false,
+        }),
+        _ => false,
+    }
+}
 
 /// A plausible body: a valid base with known fields set to arbitrary values.
 fn body() -> impl Strategy<Value = Value> {
@@ -149,12 +175,29 @@ proptest! {
             && num("stream").is_none_or(Value::is_boolean)
             && num("echo").is_none_or(|e| e == &json!(false))
             && num("model").is_none_or(Value::is_string)
-            // Chat: a boolean; completions: 0 to 20 top log-probabilities.
-            && num("logprobs").is_none_or(|l| if b.get("messages").is_some() {
-                l.is_boolean()
+            // Chat: a boolean, and top_logprobs (0 to 20) only with true; completions:
+            // 0 to 20 top log-probabilities, and no top_logprobs.
+            && if b.get("messages").is_some() {
+                match num("logprobs") {
+                    None | Some(Value::Bool(false)) => num("top_logprobs").is_none(),
+                    Some(Value::Bool(true)) => num("top_logprobs").is_none_or(|n| n.as_u64().is_some_and(|n| n <= 20)),
+                    Some(_) => false,
+                }
             } else {
-                l.as_u64().is_some_and(|n| n <= 20)
-            })
+                num("logprobs").is_none_or(|l| l.as_u64().is_some_and(|n| n <= 20))
+                    && num("top_logprobs").is_none()
+            }
+            && num("logit_bias").is_none_or(valid_bias)
+            // llama-server's: -1 turns top-k off, and the penalty window is the context.
+            && num("top_k").is_none_or(|k| k.as_i64().is_some_and(|k| k >= -1))
+            && f("min_p").is_none_or(|p| p.is_some_and(|p| (0.0..=1.0).contains(&p)))
+            && f("repeat_penalty").is_none_or(|p| p.is_some_and(|p| p.is_finite() && p > 0.0))
+            && num("repeat_last_n").is_none_or(|n| n.as_i64().is_some_and(|n| n >= -1))
+            && num("n_predict").is_none_or(|n| n.as_i64().is_some_and(|n| n == -1 || (1..=510).contains(&n)))
+            // Refused unless they ask for nothing.
+            && num("tools").is_none_or(|t| t == &json!([]))
+            && num("response_format").is_none_or(|r| r == &json!({"type": "text"}))
+            && num("mirostat").is_none_or(|m| m.as_f64() == Some(0.0))
             // llama-server's -1: a random seed; any other integer seeds.
             && num("stop").is_none_or(|s| match s {
                 Value::String(s) => !s.is_empty(),
