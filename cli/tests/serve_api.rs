@@ -390,10 +390,14 @@ fn api_keys_guard_the_api_and_cors_answers_the_origins_given() {
             assert_eq!(status, 200, "{path} {key}: {v}");
         }
     }
-    // Probes and scrapers need no key without --metrics-key.
+    // Probes and scrapers need no key without --metrics-key; the 401s are counted.
     for path in ["/health", "/metrics"] {
         assert_eq!(call(&server, "GET", path, &[], &[]).0, 200, "{path}");
     }
+    assert_eq!(
+        server.metric("kvcore_http_error_responses_total{status=\"401\"}"),
+        9.0
+    );
     let acao = "Access-Control-Allow-Origin";
     // A preflight from the origin is answered without a key; one from elsewhere gets
     // no CORS header, so the browser refuses.

@@ -41,10 +41,10 @@ pub struct Metrics {
 }
 
 /// The statuses the server answers a request with when it does not serve it: a bad
-/// body (400), no such route (404) or method (405), a body too slow (408) or too large
+/// body (400), no API key (401), no such route (404) or method (405), a body too slow (408) or too large
 /// (413), not JSON (415), header fields too large (431), an internal error (500), busy,
 /// draining or out of KV blocks (503).
-pub const ERROR_STATUSES: [u16; 9] = [400, 404, 405, 408, 413, 415, 431, 500, 503];
+pub const ERROR_STATUSES: [u16; 10] = [400, 401, 404, 405, 408, 413, 415, 431, 500, 503];
 
 impl Metrics {
     /// Adds `n` to a counter.
@@ -215,8 +215,8 @@ impl Metrics {
         let name = "kvcore_http_error_responses_total";
         let _ = writeln!(
             out,
-            "# HELP {name} Responses by error status (400 bad body, 404, 405, 408 body too slow, \
-             413, 415, 431, 500, 503 busy or draining or out of KV blocks)."
+            "# HELP {name} Responses by error status (400 bad body, 401 no API key, 404, 405, \
+             408 body too slow, 413, 415, 431, 500, 503 busy or draining or out of KV blocks)."
         );
         let _ = writeln!(out, "# TYPE {name} counter");
         for (status, c) in ERROR_STATUSES.iter().zip(&self.errors) {
