@@ -123,6 +123,65 @@ impl<'a, T> Raw<'a, T> {
     }
 }
 
+/// The f16 of `bits` as f32 (exact, by F16C) in every lane: a block's scale.
+///
+/// # Safety
+/// A CPU with AVX and F16C.
+#[inline(always)]
+unsafe fn splat_f16(bits: u16) -> __m256 {
+    // SAFETY: AVX and F16C by the caller's contract.
+    unsafe {
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)));
+        _mm256_set1_ps(_mm_cvtss_f32(d))
+    }
+}
+
+/// A block's 32 signed quants, `lo` the first 16 and `hi` the last, as f32 each times
+/// its lane of `d` ([`scaled`], 8 at a time).
+///
+/// # Safety
+/// A CPU with AVX2.
+#[inline(always)]
+unsafe fn scaled32(lo: __m128i, hi: __m128i, d: __m256) -> [__m256; 4] {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe {
+        [
+            scaled(lo, d),
+            scaled(_mm_srli_si128::<8>(lo), d),
+            scaled(hi, d),
+            scaled(_mm_srli_si128::<8>(hi), d),
+        ]
+    }
+}
+
+/// The [`Rows`] methods every stored type shares: its rows, their prefetch, and its
+/// values per unit `$per` (1, or a block's 32).
+macro_rules! raw_rows {
+    ($per:expr) => {
+        fn rows(&self) -> usize {
+            self.0.rows
+        }
+        #[inline(always)]
+        fn prefetch(&self, t: usize) {
+            self.0.prefetch(t);
+        }
+        fn head_dim(&self) -> usize {
+            self.0.units * $per
+        }
+    };
+}
+
+/// The low 8 signed quants of `q` as f32, each times its lane of `d`: a block type's one
+/// rounded product `d · q`.
+///
+/// # Safety
+/// A CPU with AVX2.
+#[inline(always)]
+unsafe fn scaled(q: __m128i, d: __m256) -> __m256 {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe { _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d) }
+}
+
 #[derive(Clone, Copy)]
 struct F32Rows<'a>(Raw<'a, f32>);
 #[derive(Clone, Copy)]
@@ -135,16 +194,7 @@ struct Q8Rows<'a>(Raw<'a, BlockQ8_0>);
 struct Q4Rows<'a>(Raw<'a, BlockQ4_0>);
 
 impl Rows for F32Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 floats of row `t` from `j` are in bounds (the trait's contract);
@@ -157,16 +207,7 @@ impl Rows for F32Rows<'_> {
 }
 
 impl Rows for F16Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 halves (16 bytes) of row `t` from `j` are in bounds (the trait's
@@ -179,16 +220,7 @@ impl Rows for F16Rows<'_> {
 }
 
 impl Rows for Bf16Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 bf16 (16 bytes) of row `t` from `j` are in bounds (the trait's
@@ -214,24 +246,14 @@ impl Q8Rows<'_> {
         // scale is the block's first two bytes (`repr(C)`), converted exactly by F16C.
         unsafe {
             let b = self.0.at(t, j / Q8_0_BLOCK);
-            let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits())));
             let qs = std::ptr::addr_of!((*b).qs).cast::<i8>();
-            (qs, _mm256_set1_ps(_mm_cvtss_f32(d)))
+            (qs, splat_f16((*b).d.to_bits()))
         }
     }
 }
 
 impl Rows for Q8Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units * Q8_0_BLOCK
-    }
+    raw_rows!(Q8_0_BLOCK);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: value `j` is in bounds (the trait's contract) and `j % 32 ≤ 24` (a
@@ -239,7 +261,7 @@ impl Rows for Q8Rows<'_> {
         unsafe {
             let (qs, d) = self.block(t, j);
             let q = _mm_loadl_epi64(qs.add(j % Q8_0_BLOCK).cast());
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+            scaled(q, d)
         }
     }
     #[inline(always)]
@@ -250,13 +272,7 @@ impl Rows for Q8Rows<'_> {
             let (qs, d) = self.block(t, j);
             let lo = _mm_loadu_si128(qs.cast());
             let hi = _mm_loadu_si128(qs.add(16).cast());
-            let f = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-            [
-                f(lo),
-                f(_mm_srli_si128::<8>(lo)),
-                f(hi),
-                f(_mm_srli_si128::<8>(hi)),
-            ]
+            scaled32(lo, hi, d)
         }
     }
     fn get(&self, t: usize, j: usize) -> f32 {
@@ -279,7 +295,6 @@ impl Q4Rows<'_> {
         // 16 its nibbles.
         unsafe {
             let b = self.0.at(t, j / Q8_0_BLOCK);
-            let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes((*b).d))));
             let qs = _mm_loadu_si128(std::ptr::addr_of!((*b).qs).cast());
             let q = if j % Q8_0_BLOCK < Q8_0_BLOCK / 2 {
                 qs
@@ -287,22 +302,13 @@ impl Q4Rows<'_> {
                 _mm_srli_epi16::<4>(qs)
             };
             let q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
-            (q, _mm256_set1_ps(_mm_cvtss_f32(d)))
+            (q, splat_f16(u16::from_le_bytes((*b).d)))
         }
     }
 }
 
 impl Rows for Q4Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units * Q8_0_BLOCK
-    }
+    raw_rows!(Q8_0_BLOCK);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: value `j` is in bounds (the trait's contract) and a multiple of 8: the
@@ -314,7 +320,7 @@ impl Rows for Q4Rows<'_> {
             } else {
                 _mm_srli_si128::<8>(q)
             };
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+            scaled(q, d)
         }
     }
     #[inline(always)]
@@ -324,13 +330,7 @@ impl Rows for Q4Rows<'_> {
         unsafe {
             let (lo, d) = self.block(t, j);
             let (hi, _) = self.block(t, j + Q8_0_BLOCK / 2);
-            let f = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-            [
-                f(lo),
-                f(_mm_srli_si128::<8>(lo)),
-                f(hi),
-                f(_mm_srli_si128::<8>(hi)),
-            ]
+            scaled32(lo, hi, d)
         }
     }
     fn get(&self, t: usize, j: usize) -> f32 {
