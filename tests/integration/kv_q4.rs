@@ -23,7 +23,9 @@
 //! |ΔPPL| ≤ 1 %: plain `q4_0` misses it about tenfold, and the keys carry most of the
 //! error (with `q8_0` keys the divergence is six times smaller). The bounds below are
 //! what plain `q4_0` holds now, so a regression fails here; a better 4-bit design is to
-//! meet the issue's.
+//! meet the issue's. The 4-bit layouts of the same kind measured against it (scales of
+//! least squared error, a Lloyd-Max codebook, blocks of 16, the attention sink kept) and
+//! where the keys' error comes from, layer by layer: `docs/bench-log/2026-12-07.md`.
 //!
 //! **State files.** A `q4_0` session with the model's key offsets round-trips bitwise
 //! (its rows, and the next tokens' logits), and refuses to load into a store of another

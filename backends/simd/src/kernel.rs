@@ -12,15 +12,17 @@
 
 use crate::kformat::BlockLoops;
 use crate::lanes::F32Loops;
+use kvcore::backend::BlockFormat;
+use kvcore::backend::format::Q4_0;
 use kvcore::backend::{DType, PartStat, Q8Acts, Q8Layout, Weights};
-use kvcore::kv::{BlockQ8_0, KvRows};
+use kvcore::kv::{BlockQ4_0, BlockQ8_0, KvRows};
 use kvcore::ndarray::{ArrayView2, Axis, s};
 use std::ops::Range;
 
 use half::{bf16, f16};
 
 /// The rows of one KV head over a run of slots, `[rows, units]`, in their stored type
-/// (a unit is a value, or a block of 32 for `q8_0`), last axis contiguous: what the
+/// (a unit is a value, or a block of 32 for `q8_0` and `q4_0`), last axis contiguous: what the
 /// attention kernels read in place.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum HeadRows<'a> {
@@ -28,6 +30,7 @@ pub(crate) enum HeadRows<'a> {
     F16(ArrayView2<'a, f16>),
     BF16(ArrayView2<'a, bf16>),
     Q8_0(ArrayView2<'a, BlockQ8_0>),
+    Q4_0(ArrayView2<'a, BlockQ4_0>),
 }
 
 impl<'a> HeadRows<'a> {
@@ -39,6 +42,7 @@ impl<'a> HeadRows<'a> {
             KvRows::F16(a) => HeadRows::F16(a.slice_move(s![slots, kvh, ..])),
             KvRows::BF16(a) => HeadRows::BF16(a.slice_move(s![slots, kvh, ..])),
             KvRows::Q8_0(a) => HeadRows::Q8_0(a.slice_move(s![slots, kvh, ..])),
+            KvRows::Q4_0(a) => HeadRows::Q4_0(a.slice_move(s![slots, kvh, ..])),
             _ => return None,
         })
     }
@@ -53,6 +57,7 @@ impl<'a> HeadRows<'a> {
             HeadRows::F16(a) => HeadRows::F16(a.reborrow()),
             HeadRows::BF16(a) => HeadRows::BF16(a.reborrow()),
             HeadRows::Q8_0(a) => HeadRows::Q8_0(a.reborrow()),
+            HeadRows::Q4_0(a) => HeadRows::Q4_0(a.reborrow()),
         }
     }
 
@@ -63,6 +68,7 @@ impl<'a> HeadRows<'a> {
             HeadRows::F16(a) => a.nrows(),
             HeadRows::BF16(a) => a.nrows(),
             HeadRows::Q8_0(a) => a.nrows(),
+            HeadRows::Q4_0(a) => a.nrows(),
         }
     }
 
@@ -73,6 +79,7 @@ impl<'a> HeadRows<'a> {
             HeadRows::F16(a) => a.ncols(),
             HeadRows::BF16(a) => a.ncols(),
             HeadRows::Q8_0(a) => a.ncols() * kvcore::kv::Q8_0_BLOCK,
+            HeadRows::Q4_0(a) => a.ncols() * kvcore::kv::Q8_0_BLOCK,
         }
     }
 
@@ -92,7 +99,8 @@ impl<'a> HeadRows<'a> {
     }
 
     /// Row `t` decoded to f32 into `out` (`[head_dim]`), bit for bit the scalar
-    /// reference's decoding (every conversion here is exact but `q8_0`'s one product).
+    /// reference's decoding (every conversion here is exact but the block types' one
+    /// product `d · q`).
     pub(crate) fn decode_row(&self, t: usize, out: &mut [f32]) {
         match self {
             HeadRows::F32(a) => out
@@ -114,6 +122,12 @@ impl<'a> HeadRows<'a> {
                     o.iter_mut()
                         .zip(b.qs)
                         .for_each(|(o, q)| *o = d * f32::from(q));
+                }
+            }
+            HeadRows::Q4_0(a) => {
+                let blocks = a.index_axis(Axis(0), t);
+                for (o, b) in out.chunks_exact_mut(kvcore::kv::Q8_0_BLOCK).zip(blocks) {
+                    Q4_0::decode(b, o);
                 }
             }
         }

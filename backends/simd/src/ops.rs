@@ -19,7 +19,7 @@
 //!   their stored type (`K::scores_rows`: each row loaded and converted once for the whole
 //!   tile), exponentiated with the family's `exp` (`K::exp_sum`), and the value rows added
 //!   into every vector of the tile the same way (`K::weighted_rows`). A call of more
-//!   than one tile (a prefill) first decodes the part's f16, bf16 or q8_0 rows of a KV
+//!   than one tile (a prefill) first decodes the part's f16, bf16, q8_0 or q4_0 rows of a KV
 //!   head to f32 (`K::decode_rows`, the reference's values), so each row is converted
 //!   once per part instead of once per tile.
 //! - `rms_norm`: SIMD f32 sum of squares, the scalar's f64 reciprocal square root, SIMD
@@ -480,7 +480,7 @@ fn fold<K: Kernel>(
 /// sees, each row read once for all vectors, in its stored type), each vector's own
 /// visible scores exponentiated and summed (`K::exp_sum`), and the value rows added block
 /// by block into every vector of a run of rows that sees the same slots of the block
-/// (`K::weighted_rows`). With more than one tile, each KV head's f16, bf16 or q8_0 rows
+/// (`K::weighted_rows`). With more than one tile, each KV head's f16, bf16, q8_0 or q4_0 rows
 /// of the part are first decoded to f32 (`K::decode_rows`) and every tile reads those:
 /// the values the kernels would convert in registers, so the same bits, at one
 /// conversion per row and part instead of one per tile (q8_0 KV prefill at 4096
@@ -509,7 +509,7 @@ pub(crate) fn attention_part<K: Kernel>(
     let lo = all.partition_point(|s| s.start() + s.len() <= positions.start);
     let hi = lo + all[lo..].partition_point(|s| s.start() < positions.end);
     let segs = &all[lo..hi];
-    // A type without this kernel's row readers (`q4_0` so far) has its part's rows
+    // A type without this kernel's row readers (none of today's) has its part's rows
     // staged as f32 below (the scalar reference's decoding); a view longer than a stage
     // holds is the scalar reference's part.
     let readers = |rows: KvRows<'_>| HeadRows::of(rows, 0..0, 0).is_some();
@@ -547,7 +547,7 @@ pub(crate) fn attention_part<K: Kernel>(
         );
         if lo < hi { lo..hi } else { 0..0 }
     };
-    // A prefill (more than one tile) decodes the part's f16, bf16 or q8_0 rows of a KV
+    // A prefill (more than one tile) decodes the part's f16, bf16, q8_0 or q4_0 rows of a KV
     // head to f32 once for all its tiles (each tile would convert them again); a decode
     // step's one tile reads them in place. Up to `STAGE_MAX` slots: a direct
     // `attention_part` call over a long view reads in place.
@@ -560,7 +560,7 @@ pub(crate) fn attention_part<K: Kernel>(
             sc.staged.push((c.start, at));
             at += c.len();
         }
-        // Rows without a reader of their own (`q4_0`) are staged in every call.
+        // Rows without a reader of their own are staged in every call.
         let staged = |rows: KvRows<'_>| {
             (n > tile || !readers(rows)) && !matches!(rows, KvRows::F32(_)) && at <= STAGE_MAX
         };

@@ -6,8 +6,10 @@
 //! Rows are read in place through raw row pointers of their `ArrayView2`, so a row costs
 //! no view construction: `f32` loaded, `f16` converted by `vcvtph2ps`, `bf16` widened and
 //! shifted into the high half of an f32, `q8_0` widened to i32, converted and multiplied
-//! by the block's scale (the reference's one rounded product `d · q`). Every conversion
-//! but `q8_0`'s product is exact, so the kernels see the values the reference decodes.
+//! by the block's scale (the reference's one rounded product `d · q`), `q4_0`'s nibbles
+//! masked out of the block's 16 bytes, less 8, then as `q8_0`'s quants. Every conversion
+//! but the block types' product is exact, so the kernels see the values the reference
+//! decodes.
 //!
 //! Numerics, per query vector and per output, whatever the number of vectors in the call:
 //! - a score, for heads of 32, 64, 128 or 256 values ([`scores_by_8`]), is one 8-lane FMA
@@ -22,7 +24,7 @@
 use super::Avx512;
 use super::dot::{hsum, load, store};
 use crate::kernel::HeadRows;
-use kvcore::kv::{BlockQ8_0, Q8_0_BLOCK};
+use kvcore::kv::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK};
 use kvcore::ndarray::ArrayView2;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -121,6 +123,65 @@ impl<'a, T> Raw<'a, T> {
     }
 }
 
+/// The f16 of `bits` as f32 (exact, by F16C) in every lane: a block's scale.
+///
+/// # Safety
+/// A CPU with AVX and F16C.
+#[inline(always)]
+unsafe fn splat_f16(bits: u16) -> __m256 {
+    // SAFETY: AVX and F16C by the caller's contract.
+    unsafe {
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)));
+        _mm256_set1_ps(_mm_cvtss_f32(d))
+    }
+}
+
+/// A block's 32 signed quants, `lo` the first 16 and `hi` the last, as f32 each times
+/// its lane of `d` ([`scaled`], 8 at a time).
+///
+/// # Safety
+/// A CPU with AVX2.
+#[inline(always)]
+unsafe fn scaled32(lo: __m128i, hi: __m128i, d: __m256) -> [__m256; 4] {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe {
+        [
+            scaled(lo, d),
+            scaled(_mm_srli_si128::<8>(lo), d),
+            scaled(hi, d),
+            scaled(_mm_srli_si128::<8>(hi), d),
+        ]
+    }
+}
+
+/// The [`Rows`] methods every stored type shares: its rows, their prefetch, and its
+/// values per unit `$per` (1, or a block's 32).
+macro_rules! raw_rows {
+    ($per:expr) => {
+        fn rows(&self) -> usize {
+            self.0.rows
+        }
+        #[inline(always)]
+        fn prefetch(&self, t: usize) {
+            self.0.prefetch(t);
+        }
+        fn head_dim(&self) -> usize {
+            self.0.units * $per
+        }
+    };
+}
+
+/// The low 8 signed quants of `q` as f32, each times its lane of `d`: a block type's one
+/// rounded product `d · q`.
+///
+/// # Safety
+/// A CPU with AVX2.
+#[inline(always)]
+unsafe fn scaled(q: __m128i, d: __m256) -> __m256 {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe { _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d) }
+}
+
 #[derive(Clone, Copy)]
 struct F32Rows<'a>(Raw<'a, f32>);
 #[derive(Clone, Copy)]
@@ -129,18 +190,11 @@ struct F16Rows<'a>(Raw<'a, half::f16>);
 struct Bf16Rows<'a>(Raw<'a, half::bf16>);
 #[derive(Clone, Copy)]
 struct Q8Rows<'a>(Raw<'a, BlockQ8_0>);
+#[derive(Clone, Copy)]
+struct Q4Rows<'a>(Raw<'a, BlockQ4_0>);
 
 impl Rows for F32Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 floats of row `t` from `j` are in bounds (the trait's contract);
@@ -153,16 +207,7 @@ impl Rows for F32Rows<'_> {
 }
 
 impl Rows for F16Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 halves (16 bytes) of row `t` from `j` are in bounds (the trait's
@@ -175,16 +220,7 @@ impl Rows for F16Rows<'_> {
 }
 
 impl Rows for Bf16Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units
-    }
+    raw_rows!(1);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: 8 bf16 (16 bytes) of row `t` from `j` are in bounds (the trait's
@@ -210,24 +246,14 @@ impl Q8Rows<'_> {
         // scale is the block's first two bytes (`repr(C)`), converted exactly by F16C.
         unsafe {
             let b = self.0.at(t, j / Q8_0_BLOCK);
-            let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((*b).d.to_bits())));
             let qs = std::ptr::addr_of!((*b).qs).cast::<i8>();
-            (qs, _mm256_set1_ps(_mm_cvtss_f32(d)))
+            (qs, splat_f16((*b).d.to_bits()))
         }
     }
 }
 
 impl Rows for Q8Rows<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows
-    }
-    #[inline(always)]
-    fn prefetch(&self, t: usize) {
-        self.0.prefetch(t);
-    }
-    fn head_dim(&self) -> usize {
-        self.0.units * Q8_0_BLOCK
-    }
+    raw_rows!(Q8_0_BLOCK);
     #[inline(always)]
     unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
         // SAFETY: value `j` is in bounds (the trait's contract) and `j % 32 ≤ 24` (a
@@ -235,7 +261,7 @@ impl Rows for Q8Rows<'_> {
         unsafe {
             let (qs, d) = self.block(t, j);
             let q = _mm_loadl_epi64(qs.add(j % Q8_0_BLOCK).cast());
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+            scaled(q, d)
         }
     }
     #[inline(always)]
@@ -246,18 +272,72 @@ impl Rows for Q8Rows<'_> {
             let (qs, d) = self.block(t, j);
             let lo = _mm_loadu_si128(qs.cast());
             let hi = _mm_loadu_si128(qs.add(16).cast());
-            let f = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-            [
-                f(lo),
-                f(_mm_srli_si128::<8>(lo)),
-                f(hi),
-                f(_mm_srli_si128::<8>(hi)),
-            ]
+            scaled32(lo, hi, d)
         }
     }
     fn get(&self, t: usize, j: usize) -> f32 {
         let b = self.0.unit(t, j / Q8_0_BLOCK);
         b.d.to_f32() * f32::from(b.qs[j % Q8_0_BLOCK])
+    }
+}
+
+impl Q4Rows<'_> {
+    /// The block holding value `j` of row `t`: its values `j % 32 < 16` (low nibbles) or
+    /// `≥ 16` (high nibbles) less 8, as 16 signed bytes, and its scale as f32 in every
+    /// lane.
+    ///
+    /// # Safety
+    /// `t < rows`, `j < head_dim`.
+    #[inline(always)]
+    unsafe fn block(&self, t: usize, j: usize) -> (__m128i, __m256) {
+        // SAFETY: block `j / 32` of row `t` is in bounds by the caller's contract: its
+        // first two bytes are the scale (`repr(C)`, converted exactly by F16C), the next
+        // 16 its nibbles.
+        unsafe {
+            let b = self.0.at(t, j / Q8_0_BLOCK);
+            let qs = _mm_loadu_si128(std::ptr::addr_of!((*b).qs).cast());
+            let q = if j % Q8_0_BLOCK < Q8_0_BLOCK / 2 {
+                qs
+            } else {
+                _mm_srli_epi16::<4>(qs)
+            };
+            let q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+            (q, splat_f16(u16::from_le_bytes((*b).d)))
+        }
+    }
+}
+
+impl Rows for Q4Rows<'_> {
+    raw_rows!(Q8_0_BLOCK);
+    #[inline(always)]
+    unsafe fn load8(&self, t: usize, j: usize) -> __m256 {
+        // SAFETY: value `j` is in bounds (the trait's contract) and a multiple of 8: the
+        // 8 values from `j` are bytes `j % 16 ..` of the block's nibbles of that half.
+        unsafe {
+            let (q, d) = self.block(t, j);
+            let q = if j.is_multiple_of(Q8_0_BLOCK / 2) {
+                q
+            } else {
+                _mm_srli_si128::<8>(q)
+            };
+            scaled(q, d)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load32(&self, t: usize, j: usize) -> [__m256; 4] {
+        // SAFETY: `j` is a multiple of 32 in bounds (the trait's contract): one whole
+        // block, its low nibbles (values 0..16) and high nibbles (16..32).
+        unsafe {
+            let (lo, d) = self.block(t, j);
+            let (hi, _) = self.block(t, j + Q8_0_BLOCK / 2);
+            scaled32(lo, hi, d)
+        }
+    }
+    fn get(&self, t: usize, j: usize) -> f32 {
+        let b = self.0.unit(t, j / Q8_0_BLOCK);
+        let (byte, half) = (j % (Q8_0_BLOCK / 2), j % Q8_0_BLOCK / (Q8_0_BLOCK / 2));
+        let q = (b.qs[byte] >> (4 * half)) & 15;
+        half::f16::from_le_bytes(b.d).to_f32() * f32::from(q as i8 - 8)
     }
 }
 
@@ -427,6 +507,10 @@ macro_rules! per_type {
             }
             HeadRows::Q8_0(a) => {
                 let $r = Q8Rows(Raw::new(&a));
+                $call
+            }
+            HeadRows::Q4_0(a) => {
+                let $r = Q4Rows(Raw::new(&a));
                 $call
             }
         }
@@ -732,6 +816,8 @@ fn unrotate_n<const M: usize>(o: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvcore::backend::BlockFormat;
+    use kvcore::backend::format::Q4_0;
 
     /// The AVX2 rotation equals the scalar one bit for bit, on values that make exact
     /// zeros (a difference of equal values: `+0`, whose negation would be `−0`), signed
@@ -776,6 +862,77 @@ mod tests {
         }
     }
 
+    /// `q4_0` rows read by every load (`load8`, `load32`, AVX-512F's `load16`, `get`) are
+    /// the reference's decoding (`Q4_0::decode`) bit for bit: every nibble of both halves,
+    /// scales of every magnitude f16 holds (subnormal, 0, ±∞, NaN among them).
+    #[test]
+    fn q4_0_loads_are_the_reference_decoding() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("no AVX2+FMA+F16C: nothing to compare (the Scalar path runs instead)");
+            return;
+        }
+        let wide = crate::x86::avx512::detect_or_say("q4_0_loads_are_the_reference_decoding");
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (n, hd) = (37, 128);
+        let blocks: Vec<BlockQ4_0> = (0..n * hd / Q8_0_BLOCK)
+            .map(|i| {
+                let d = match i % 7 {
+                    0 => 0x0001,
+                    1 => 0x0000,
+                    2 => 0x7c00,
+                    3 => 0x7e00,
+                    _ => (next() & 0xffff) as u16,
+                };
+                BlockQ4_0 {
+                    d: d.to_le_bytes(),
+                    qs: std::array::from_fn(|_| next() as u8),
+                }
+            })
+            .collect();
+        let a = ArrayView2::from_shape((n, hd / Q8_0_BLOCK), &blocks[..]).expect("rows");
+        let r = Q4Rows(Raw::new(&a));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for t in 0..n {
+            let mut want = vec![0.0; hd];
+            for (o, b) in want.chunks_exact_mut(Q8_0_BLOCK).zip(a.row(t)) {
+                Q4_0::decode(b, o);
+            }
+            let (mut by8, mut by32, mut by16) = (vec![0.0; hd], vec![0.0; hd], vec![0.0; hd]);
+            for j in (0..hd).step_by(8) {
+                // SAFETY: `t < n`, `j + 8 ≤ hd`, a multiple of 8; features detected above.
+                unsafe { store(&mut by8[j..], r.load8(t, j)) };
+            }
+            for j in (0..hd).step_by(32) {
+                // SAFETY: `t < n`, `j + 32 ≤ hd`, a multiple of 32; features detected.
+                unsafe {
+                    for (c, x) in r.load32(t, j).into_iter().enumerate() {
+                        store(&mut by32[j + 8 * c..], x);
+                    }
+                }
+            }
+            let got: Vec<f32> = (0..hd).map(|j| r.get(t, j)).collect();
+            assert_eq!(bits(&by8), bits(&want), "load8, row {t}");
+            assert_eq!(bits(&by32), bits(&want), "load32, row {t}");
+            assert_eq!(bits(&got), bits(&want), "get, row {t}");
+            if wide.is_some() {
+                for j in (0..hd).step_by(16) {
+                    // SAFETY: `t < n`, `j + 16 ≤ hd`, a multiple of 16; AVX-512F detected.
+                    unsafe { avx512::store16(&mut by16[j..], r, t, j) };
+                }
+                assert_eq!(bits(&by16), bits(&want), "load16, row {t}");
+            }
+        }
+    }
+
     /// The AVX-512F kernels give the AVX2 kernels' bits on rows of every stored type:
     /// scores for every head size they take, 1 to 9 vectors, blocks of 8 rows and
     /// partial ones (whose unused pair slots re-read the last row); weighted sums for
@@ -796,7 +953,7 @@ mod tests {
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         // Runs `$body` with `$r` bound to the rows `x: [n, hd]` in each stored type
-        // (`q8_0` only when `hd` is a multiple of 32).
+        // (`q8_0` and `q4_0` only when `hd` is a multiple of 32).
         macro_rules! each_type {
             ($x:expr, $n:expr, $hd:expr, $r:ident => $body:expr) => {{
                 let (x, n, hd): (&[f32], usize, usize) = ($x, $n, $hd);
@@ -816,6 +973,10 @@ mod tests {
                         x.chunks_exact(Q8_0_BLOCK).map(BlockQ8_0::encode).collect();
                     let a = ArrayView2::from_shape((n, hd / Q8_0_BLOCK), &b[..]).expect("rows");
                     let $r = Q8Rows(Raw::new(&a));
+                    $body;
+                    let b: Vec<BlockQ4_0> = x.chunks_exact(Q8_0_BLOCK).map(Q4_0::encode).collect();
+                    let a = ArrayView2::from_shape((n, hd / Q8_0_BLOCK), &b[..]).expect("rows");
+                    let $r = Q4Rows(Raw::new(&a));
                     $body;
                 }
             }};

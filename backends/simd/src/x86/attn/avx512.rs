@@ -1,7 +1,7 @@
 //! AVX-512F twins of the attention kernels of [`super`], **bit for bit** the AVX2 ones:
 //! the same FMAs in the same order on every lane, twice as many lanes per instruction,
 //! on rows of every stored type (converted by the same exact loads, or the same one
-//! rounded product `d·q` for `q8_0`). The attention kernels take them on the `avx512`
+//! rounded product `d·q` for `q8_0` and `q4_0`). The attention kernels take them on the `avx512`
 //! path (with an [`Avx512`](crate::x86::Avx512) token: the CPU has AVX-512F).
 //!
 //! - Scores ([`scores_by_8`]): a block's 8 key rows in pairs, rows `i` and `i + 4` in the
@@ -15,7 +15,7 @@
 //! the row-count tests and a state saved on one machine agree across machines with and
 //! without AVX-512 (`x86::attn::tests` compares the two on the same inputs).
 
-use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q8Rows, Rows, lane_sums, weighted_from};
+use super::{Bf16Rows, F16Rows, F32Rows, MAX_VECS, Q4Rows, Q8Rows, Rows, lane_sums, weighted_from};
 use crate::x86::avx512::{both, high, low, pair};
 use kvcore::kv::Q8_0_BLOCK;
 use std::arch::x86_64::*;
@@ -182,6 +182,19 @@ impl Rows16 for Q8Rows<'_> {
     }
 }
 
+impl Rows16 for Q4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, t: usize, j: usize) -> __m512 {
+        // SAFETY: `j` is a multiple of 16 in bounds (the trait's contract): the 16 values
+        // of one half of block `j / 32` of row `t`, each the one rounded product `d · q`
+        // of the AVX2 load and of the reference.
+        unsafe {
+            let (q, d) = self.block(t, j);
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), both(d))
+        }
+    }
+}
+
 /// Columns `c0 .. c0 + 16·C` of `NV` outputs: `outs[v] += Σ_t p[v·stride + t] · v_t`
 /// ([`super::weighted_cols`] on 16 lanes).
 #[inline]
@@ -266,4 +279,16 @@ pub(super) unsafe fn weighted<R: Rows16>(p: &[f32], stride: usize, rows: R, outs
         1..=6 => weighted_n::<R, NV, 4>(p, stride, rows, outs),
         _ => weighted_n::<R, NV, 2>(p, stride, rows, outs),
     })
+}
+
+/// `dst[..16] ← rows.load16(t, j)` of `q4_0` rows, for the test of their loads.
+///
+/// # Safety
+/// `load16`'s contract.
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn store16(dst: &mut [f32], rows: Q4Rows<'_>, t: usize, j: usize) {
+    assert!(dst.len() >= 16, "16 values");
+    // SAFETY: the caller's contract; 16 floats fit in `dst` (asserted).
+    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), rows.load16(t, j)) }
 }
