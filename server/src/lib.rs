@@ -43,6 +43,7 @@ pub mod api;
 pub mod http;
 pub mod metrics;
 pub mod scheduler;
+pub mod tier;
 
 use kvcore_engine::Engine;
 use kvcore_engine::kvcore::kv::PoolConfig;
@@ -76,6 +77,8 @@ pub struct ServeConfig {
     pub model_id: String,
     /// The connection limits.
     pub http: HttpLimits,
+    /// A second tier for the prefix cache (`None`: RAM only).
+    pub kv_tier: Option<tier::TierConfig>,
 }
 
 /// What one connection and one request may take.
@@ -118,6 +121,7 @@ impl Default for ServeConfig {
             shutdown_timeout: Duration::from_secs(10),
             model_id: "kvcore".into(),
             http: HttpLimits::default(),
+            kv_tier: None,
         }
     }
 }
@@ -162,7 +166,13 @@ impl Server {
             return Err(ServeError::Config("--block-len must be at least 1".into()));
         }
         let b = config.block_len;
-        let pool = engine.kv_pool(config.kv_budget, b)?;
+        let pool = match &config.kv_tier {
+            Some(t) => {
+                let (tier, secret) = tier::open(t)?;
+                engine.kv_pool_tiered(config.kv_budget, b, secret, tier)?
+            }
+            None => engine.kv_pool(config.kv_budget, b)?,
+        };
         let trained = engine.context_len();
         // Without a context asked for: the model's, or what the budget holds when less.
         let held = (config.kv_budget / pool.block_bytes().max(1)).saturating_mul(b);
