@@ -55,6 +55,11 @@ python3 server/tests/hostile_clients.py target/release/kvcore smollm2
 # The load target: serve_load.rs's 32 clients with disconnects plus 20 slowloris
 # connections, /health p99, no KV block leaked, exit after SIGTERM (~30 s).
 python3 server/tests/load_hostile.py target/release/kvcore smollm2
+# The prefix cache's Redis tier (issue 51): two replicas sharing one Redis server.
+if ! command -v redis-server >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+fi
+python3 server/tests/tier_redis.py target/release/kvcore smollm2 "$(command -v redis-server)"
 # The README's snippets, against this server.
 readme=target/ci-readme
 mkdir -p "$readme"

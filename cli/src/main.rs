@@ -132,6 +132,21 @@ struct ServeArgs {
     /// any) [default: none, so browsers refuse other origins' pages].
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origin: Vec<String>,
+    /// A second tier for the prefix cache: a directory (blocks evicted from RAM stay
+    /// there and outlive restarts) or `redis://HOST:PORT` (shared by replicas). Blocks
+    /// are written as they are cached, off the decode steps.
+    #[arg(long, value_name = "DIR|redis://HOST:PORT")]
+    kv_tier: Option<String>,
+    /// Most bytes of a directory tier (K, M or G suffixes), least recently used records
+    /// removed first. A Redis tier is bounded by the Redis server's maxmemory (set
+    /// `maxmemory-policy allkeys-lru`).
+    #[arg(long, default_value = "4G", value_parser = serve::parse_bytes)]
+    kv_tier_budget: usize,
+    /// The file holding the 32-byte secret the tier's records are keyed with, shared by
+    /// every replica of a deployment and never sent to clients; created with mode 0600
+    /// when absent [default: DIR/secret for a directory tier; required for Redis].
+    #[arg(long)]
+    kv_tier_secret_file: Option<PathBuf>,
 }
 
 /// Where the model comes from and how it runs.

@@ -4,6 +4,7 @@ use crate::ServeArgs;
 use crate::commands::model_path;
 use anyhow::Context;
 use kvcore_engine::{Engine, Options};
+use kvcore_server::tier::{TierConfig, TierLocation};
 use kvcore_server::{Access, HttpLimits, ServeConfig, Server};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -71,6 +72,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             metrics_key: a.metrics_key.clone(),
             cors_origins: a.cors_origin.clone(),
         },
+        kv_tier: a.kv_tier.as_deref().map(|t| TierConfig {
+            location: TierLocation::parse(t),
+            budget: a.kv_tier_budget as u64,
+            secret_file: a.kv_tier_secret_file.clone(),
+        }),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

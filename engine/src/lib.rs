@@ -26,7 +26,7 @@ pub use kvcore_simd::SimdPath;
 pub use text::{chat_ids, prompt_ids};
 
 use kvcore::gguf::{GgufError, GgufFile};
-use kvcore::kv::{KvPool, PagedKv, PoolConfig};
+use kvcore::kv::{KvPool, KvTier, PagedKv, PoolConfig};
 use kvcore::model::generate::GenStats;
 use kvcore::model::{self, Activations, BatchSeq, Llama, LlamaConfig, ModelError, Sampler};
 use kvcore::ndarray::Array2;
@@ -36,6 +36,7 @@ use kvcore_rayon::Rayon;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What went wrong, in the coarse classes a C status code or a Python exception class
 /// names.
@@ -649,6 +650,32 @@ impl Engine {
         getrandom::fill(&mut key).map_err(|e| {
             Error::InvalidArgument(format!("no random key for the prefix cache: {e}"))
         })?;
+        self.pool_keyed(budget, block_len, key)
+    }
+
+    /// [`kv_pool`](Self::kv_pool) with a second tier for the prefix cache
+    /// (`kvcore::kv::tier`), its hashes keyed with `secret`: the pools of the processes
+    /// that share `tier` and `secret` (one deployment's replicas, or one server across
+    /// restarts) share their cached prefixes, when their rows agree — the tier's records
+    /// are named by this model's fingerprint, the kernel path and the activations besides
+    /// the pool's own settings, so no other configuration ever loads them.
+    pub fn kv_pool_tiered(
+        &self,
+        budget: usize,
+        block_len: usize,
+        secret: [u8; 32],
+        tier: Arc<dyn KvTier>,
+    ) -> Result<KvPool> {
+        let pool = self.pool_keyed(budget, block_len, secret)?;
+        let mut namespace = with_model!(&self.model, m => m.fingerprint().to_vec());
+        for part in [self.kernel_path(), self.options.activations.name()] {
+            namespace.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            namespace.extend_from_slice(part.as_bytes());
+        }
+        Ok(pool.with_tier(tier, &namespace)?)
+    }
+
+    fn pool_keyed(&self, budget: usize, block_len: usize, key: [u8; 32]) -> Result<KvPool> {
         let geometry = with_model!(&self.model, m => m.kv_geometry());
         let config = PoolConfig {
             block_len,

@@ -46,6 +46,7 @@ mod extras;
 pub mod http;
 pub mod metrics;
 pub mod scheduler;
+pub mod tier;
 
 use kvcore_engine::Engine;
 use kvcore_engine::kvcore::kv::PoolConfig;
@@ -81,6 +82,8 @@ pub struct ServeConfig {
     pub http: HttpLimits,
     /// Who may call it.
     pub access: Access,
+    /// A second tier for the prefix cache (`None`: RAM only).
+    pub kv_tier: Option<tier::TierConfig>,
 }
 
 /// Who may call the server: API keys and the browser origins CORS lets in.
@@ -149,6 +152,7 @@ impl Default for ServeConfig {
             model_id: "kvcore".into(),
             http: HttpLimits::default(),
             access: Access::default(),
+            kv_tier: None,
         }
     }
 }
@@ -193,7 +197,13 @@ impl Server {
             return Err(ServeError::Config("--block-len must be at least 1".into()));
         }
         let b = config.block_len;
-        let pool = engine.kv_pool(config.kv_budget, b)?;
+        let pool = match &config.kv_tier {
+            Some(t) => {
+                let (tier, secret) = tier::open(t)?;
+                engine.kv_pool_tiered(config.kv_budget, b, secret, tier)?
+            }
+            None => engine.kv_pool(config.kv_budget, b)?,
+        };
         let trained = engine.context_len();
         // Without a context asked for: the model's, or what the budget holds when less.
         let held = (config.kv_budget / pool.block_bytes().max(1)).saturating_mul(b);

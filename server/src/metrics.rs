@@ -182,6 +182,17 @@ impl Metrics {
             "The KV pool's byte budget.",
             s.budget.to_string(),
         );
+        // The inference gateways' endpoint pickers read the KV cache's use as a
+        // fraction of its blocks, vLLM's way: blocks held by running sequences, the
+        // prefix cache's idle blocks counting as free (docs/scale-out.md).
+        let total = (s.budget / s.block_bytes.max(1)).max(1);
+        let usage = (s.blocks - s.cached_idle) as f64 / total as f64;
+        one(
+            "kvcore_kv_cache_usage_ratio",
+            "gauge",
+            "KV blocks held by running sequences over the blocks the budget holds (0-1).",
+            format!("{usage:.6}"),
+        );
         one(
             "kvcore_kv_pool_evicted_total",
             "counter",
@@ -211,6 +222,85 @@ impl Metrics {
             "gauge",
             "blocks_hit / blocks_queried.",
             format!("{:.6}", s.hit_rate()),
+        );
+        if let Some(t) = s.tier {
+            let tier = [
+                (
+                    "kvcore_kv_tier_hits_total",
+                    "counter",
+                    "Blocks past the RAM prefix cache found in the KV tier.",
+                    s.tier_hits,
+                ),
+                (
+                    "kvcore_kv_tier_misses_total",
+                    "counter",
+                    "Lookups that went on past the RAM cache and found nothing more in the KV tier.",
+                    s.tier_misses,
+                ),
+                (
+                    "kvcore_kv_tier_rejected_total",
+                    "counter",
+                    "Tier records skipped and removed (truncated, corrupt or under another key).",
+                    s.tier_rejected,
+                ),
+                (
+                    "kvcore_kv_tier_read_bytes_total",
+                    "counter",
+                    "Bytes read from the KV tier.",
+                    t.bytes_read,
+                ),
+                (
+                    "kvcore_kv_tier_written_bytes_total",
+                    "counter",
+                    "Bytes written to the KV tier.",
+                    t.bytes_written,
+                ),
+                (
+                    "kvcore_kv_tier_evicted_total",
+                    "counter",
+                    "Tier records removed to keep to its budget.",
+                    t.evicted,
+                ),
+                (
+                    "kvcore_kv_tier_dropped_total",
+                    "counter",
+                    "Blocks not written because the tier's write queue was full.",
+                    t.dropped,
+                ),
+                (
+                    "kvcore_kv_tier_errors_total",
+                    "counter",
+                    "Tier reads or writes that failed.",
+                    t.errors,
+                ),
+                (
+                    "kvcore_kv_tier_records",
+                    "gauge",
+                    "Records in the KV tier (as this process knows; a directory tier).",
+                    t.records,
+                ),
+                (
+                    "kvcore_kv_tier_bytes",
+                    "gauge",
+                    "Bytes of those records.",
+                    t.bytes,
+                ),
+            ];
+            for (name, kind, help, v) in tier {
+                one(name, kind, help, v.to_string());
+            }
+        }
+        let name = "kvcore_cache_config_info";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The KV cache's configuration in its labels (vLLM's label names)."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(
+            out,
+            "{name}{{block_size=\"{}\",num_gpu_blocks=\"{total}\",block_bytes=\"{}\"}} 1",
+            pool.block_len(),
+            s.block_bytes
         );
         let name = "kvcore_http_error_responses_total";
         let _ = writeln!(

@@ -70,6 +70,7 @@ mod mem;
 mod offsets;
 mod paged;
 mod rows;
+pub mod tier;
 mod view;
 mod window;
 
@@ -79,6 +80,7 @@ pub use elem::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
 pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
+pub use tier::{DiskTier, KvTier, TierKey, TierRecord, TierStats};
 pub use view::{KvRows, KvSegment, KvView};
 pub use window::WindowKv;
 
@@ -369,6 +371,13 @@ pub enum KvError {
     /// [`KvPool::new`] with blocks of 0 positions.
     #[error("a KV pool needs blocks of at least one position")]
     ZeroBlockLen,
+    /// A setting of a [`KvPool`] that only a new pool takes, asked of a pool that already
+    /// has another handle (a sequence or a clone).
+    #[error("a KV pool's {what} is set before the pool is shared")]
+    PoolShared {
+        /// The setting.
+        what: &'static str,
+    },
     /// A [`PagedKv`] append needing blocks its pool's byte budget cannot give, even
     /// after evicting every idle cached block (none is evicted then).
     #[error(

@@ -70,6 +70,7 @@
 //! (SmolLM2 f32: 2.9 MB at most per sequence).
 
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -79,6 +80,7 @@ use sha2::{Digest, Sha256};
 
 use super::elem::Buf;
 use super::rows::checked_size;
+use super::tier::{self, KvTier, TierKey, TierRecord, TierStats};
 use super::{
     AllocGate, Gate, KeyOffsets, KvCodec, KvError, KvGeometry, KvRestore, KvRows, KvSegment,
     KvStore, KvType, KvView, check_begin, check_complete, check_rows, check_stored,
@@ -126,6 +128,16 @@ pub struct PoolStats {
     pub blocks_queried: u64,
     /// Of those, blocks found in the cache.
     pub blocks_hit: u64,
+    /// Blocks past the cache's run found in the tier (loaded, and cached again).
+    pub tier_hits: u64,
+    /// Lookups whose chain went on past the cache and the tier did not have its next
+    /// block.
+    pub tier_misses: u64,
+    /// Records the tier gave that were not whole, checksummed records of their key:
+    /// skipped and removed from the tier.
+    pub tier_rejected: u64,
+    /// The tier's own counters, with a tier.
+    pub tier: Option<TierStats>,
 }
 
 impl PoolStats {
@@ -150,7 +162,7 @@ struct Account {
 }
 
 /// One block of positions: `[n_layers][block_len]` K rows and V rows.
-struct Block {
+pub(super) struct Block {
     id: u64,
     k: Buf,
     v: Buf,
@@ -160,6 +172,23 @@ struct Block {
 impl Block {
     fn bytes(&self) -> usize {
         self.k.bytes() + self.v.bytes()
+    }
+
+    /// Its `rows` K rows then V rows in the state file's little-endian layout (a tier
+    /// record's payload, `tier.rs`).
+    pub(super) fn bytes_le(
+        &self,
+        rows: usize,
+        n_kv_heads: usize,
+        codecs: &(KvCodec, KvCodec),
+    ) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes());
+        for (buf, codec) in [(&self.k, &codecs.0), (&self.v, &codecs.1)] {
+            let view = buf.view(0, rows, n_kv_heads);
+            let done = codec.write_le(view, &mut out, usize::MAX, |_| Ok::<(), Infallible>(()));
+            let Ok(()) = done;
+        }
+        out
     }
 }
 
@@ -186,6 +215,9 @@ struct Cache {
     lookups: u64,
     queried: u64,
     hit: u64,
+    tier_hits: u64,
+    tier_misses: u64,
+    tier_rejected: u64,
 }
 
 impl Cache {
@@ -240,6 +272,51 @@ struct Shared {
     gate: Mutex<Gate>,
     /// The codecs of every sequence's K and V rows (`kv/codec.rs`).
     codecs: (KvCodec, KvCodec),
+    tier: Option<TierLink>,
+}
+
+/// A pool's tier and what its records' keys start with.
+struct TierLink {
+    tier: Arc<dyn KvTier>,
+    namespace: Vec<u8>,
+    /// SHA-256 of the namespace and everything of the pool's rows depend on (see
+    /// `tier.rs`), remade whenever the key codec changes.
+    identity: [u8; 32],
+}
+
+impl Shared {
+    /// The identity records are keyed by (see the header of `tier.rs`).
+    fn identity(&self, namespace: &[u8]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(b"kvcore kv tier v1");
+        h.update((namespace.len() as u64).to_le_bytes());
+        h.update(namespace);
+        h.update([self.types.0.code(), self.types.1.code()]);
+        let g = self.geometry;
+        for n in [g.n_layers, g.n_kv_heads, g.head_dim, self.block_len] {
+            h.update((n as u64).to_le_bytes());
+        }
+        let calibration = self.codecs.0.calibration();
+        h.update((calibration.len() as u64).to_le_bytes());
+        for x in calibration {
+            h.update(x.to_le_bytes());
+        }
+        h.finalize().into()
+    }
+
+    fn tier_key(link: &TierLink, hash: &BlockHash) -> TierKey {
+        let mut h = Sha256::new();
+        h.update(link.identity);
+        h.update(hash);
+        h.finalize().into()
+    }
+
+    /// Bytes of a record's payload: every layer's K rows and V rows of one block.
+    fn payload_len(&self) -> usize {
+        let rows = self.geometry.n_layers * self.block_len;
+        let row = |t: KvType| t.row_bytes(self.kv_dim).expect("checked by KvPool::new");
+        (row(self.types.0) + row(self.types.1)) * rows
+    }
 }
 
 /// A pool of KV blocks that many [`PagedKv`] sequences draw from, with a prefix cache
@@ -286,6 +363,7 @@ impl KvPool {
                 cache: Mutex::default(),
                 gate: Mutex::default(),
                 codecs: (KvCodec::new(types.0), KvCodec::new(types.1)),
+                tier: None,
             }),
         })
     }
@@ -309,6 +387,33 @@ impl KvPool {
         };
         codec.check_store(shared.geometry, 0, shared.types.0)?;
         shared.codecs.0 = codec.clone();
+        if let Some(link) = &shared.tier {
+            let identity = shared.identity(&link.namespace);
+            shared.tier.as_mut().expect("just read").identity = identity;
+        }
+        Ok(self)
+    }
+
+    /// The same new pool with a second tier for its prefix cache (see `kv/tier.rs`):
+    /// every block it newly caches is offered to `tier`, and a lookup whose chain runs
+    /// past the cache asks `tier` for the next blocks. `namespace` names everything
+    /// the rows depend on beyond the pool's own settings — the model (its fingerprint),
+    /// the backend and kernel path, the activations — so that pools whose rows differ
+    /// never share a record. Records are keyed with the pool's secret too: pools share
+    /// them only with the same [`PoolConfig::key`].
+    ///
+    /// # Errors
+    /// [`KvError::PoolShared`] when the pool has another handle already.
+    pub fn with_tier(mut self, tier: Arc<dyn KvTier>, namespace: &[u8]) -> Result<KvPool, KvError> {
+        let Some(shared) = Arc::get_mut(&mut self.shared) else {
+            return Err(KvError::PoolShared { what: "tier" });
+        };
+        let identity = shared.identity(namespace);
+        shared.tier = Some(TierLink {
+            tier,
+            namespace: namespace.to_vec(),
+            identity,
+        });
         Ok(self)
     }
 
@@ -400,6 +505,10 @@ impl KvPool {
             lookups: cache.lookups,
             blocks_queried: cache.queried,
             blocks_hit: cache.hit,
+            tier_hits: cache.tier_hits,
+            tier_misses: cache.tier_misses,
+            tier_rejected: cache.tier_rejected,
+            tier: self.shared.tier.as_ref().map(|t| t.tier.stats()),
         }
     }
 
@@ -413,26 +522,88 @@ impl KvPool {
     /// full blocks that starts `ids` (shared with the cache and whoever else holds them,
     /// copied only if written). Its `len` is a multiple of the block length, at most
     /// `ids.len()` and `max_ctx`; the caller runs `ids[len..]` through the model.
-    /// Every block found is refreshed in the LRU order.
+    /// Every block found is refreshed in the LRU order. With a tier, the run goes on
+    /// with the blocks the tier holds (each loaded into a new block of the pool, as far
+    /// as the budget allows, and cached again).
     pub fn lookup(&self, ids: &[u32], max_ctx: usize) -> Result<PagedKv, KvError> {
         let mut seq = self.sequence(max_ctx)?;
         let b = self.shared.block_len;
         let full = ids.len().min(max_ctx) / b;
+        let hashes: Vec<BlockHash> = self.chain(&ids[..full * b]).collect();
         let mut cache = self.cache();
         cache.lookups += 1;
         cache.queried += full as u64;
-        let mut found = Vec::new();
-        for h in self.chain(&ids[..full * b]) {
-            let Some(e) = cache.map.get(&h) else { break };
+        for h in &hashes {
+            let Some(e) = cache.map.get(h) else { break };
             seq.blocks.push(e.block.clone());
-            found.push(h);
         }
-        cache.hit += found.len() as u64;
-        for h in found.iter().rev() {
+        let hit = seq.blocks.len();
+        cache.hit += hit as u64;
+        for h in hashes[..hit].iter().rev() {
             cache.touch(h);
+        }
+        drop(cache);
+        if let Some(link) = &self.shared.tier {
+            for h in &hashes[hit..] {
+                match self.load_from_tier(link, h) {
+                    Some(block) => seq.blocks.push(block),
+                    None => break,
+                }
+            }
         }
         seq.len = seq.blocks.len() * b;
         Ok(seq)
+    }
+
+    /// The block of chained hash `hash` from the tier, loaded into a new block and
+    /// cached; `None` when the tier lacks it, its record is unusable (then removed from
+    /// the tier) or the budget has no room.
+    fn load_from_tier(&self, link: &TierLink, hash: &BlockHash) -> Option<Arc<Block>> {
+        let s = &*self.shared;
+        let key = Shared::tier_key(link, hash);
+        let Some(bytes) = link.tier.get(&key) else {
+            self.cache().tier_misses += 1;
+            return None;
+        };
+        let Some(payload) = tier::payload(&bytes, &key, s.payload_len()) else {
+            link.tier.remove(&key);
+            self.cache().tier_rejected += 1;
+            return None;
+        };
+        let mut block = self.alloc_blocks(1).ok()?.pop()?;
+        let rows = s.geometry.n_layers * s.block_len;
+        let (kb, vb) = payload.split_at(rows * s.types.0.row_bytes(s.kv_dim)?);
+        let fresh = Arc::get_mut(&mut block).expect("a new block is held once");
+        for (buf, codec, bytes) in [
+            (&mut fresh.k, &s.codecs.0, kb),
+            (&mut fresh.v, &s.codecs.1, vb),
+        ] {
+            let mut stored = codec.stored_rows();
+            let read = stored.read(rows, s.kv_dim, |out| {
+                out.copy_from_slice(bytes);
+                Ok::<(), Infallible>(())
+            });
+            let Ok(()) = read;
+            buf.assign(
+                0,
+                stored.view(rows, s.geometry.n_kv_heads, s.geometry.head_dim),
+            );
+        }
+        let mut cache = self.cache();
+        cache.tier_hits += 1;
+        let block = match cache.map.entry(*hash) {
+            // Another lookup loaded it meanwhile: share that one.
+            std::collections::hash_map::Entry::Occupied(e) => e.get().block.clone(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Entry {
+                    block: block.clone(),
+                    tick: 0,
+                });
+                block
+            }
+        };
+        cache.touch(hash);
+        Some(block)
     }
 
     /// Which of `appends` the pool can serve in one pass, asked before any compute:
@@ -604,20 +775,33 @@ impl PagedKv {
         }
         let hashes: Vec<BlockHash> = self.pool.chain(ids).collect();
         let mut cache = self.pool.cache();
-        let mut added = 0;
+        let mut added = Vec::new();
         for (h, block) in hashes.iter().zip(&self.blocks) {
             if let std::collections::hash_map::Entry::Vacant(slot) = cache.map.entry(*h) {
                 slot.insert(Entry {
                     block: block.clone(),
                     tick: 0,
                 });
-                added += 1;
+                added.push((h, block));
             }
         }
         for h in hashes.iter().rev() {
             cache.touch(h);
         }
-        Ok(added)
+        drop(cache);
+        let s = &*self.pool.shared;
+        if let Some(link) = &s.tier {
+            for &(h, block) in &added {
+                link.tier.put(TierRecord::new(
+                    Shared::tier_key(link, h),
+                    block.clone(),
+                    s.codecs.clone(),
+                    s.geometry.n_layers * s.block_len,
+                    s.geometry.n_kv_heads,
+                ));
+            }
+        }
+        Ok(added.len())
     }
 
     fn block_len(&self) -> usize {
