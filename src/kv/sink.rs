@@ -56,13 +56,17 @@ use crate::backend::Mask;
 /// Appends are transactional, `truncate` and `can_rewind_to` follow [`WindowKv`]'s rule
 /// (a rewind needs every window position a query there sees), `fork` copies. State files
 /// do not restore into it (no [`KvRestore`](super::KvRestore)).
-pub struct SinkKv {
+///
+/// `W` holds what is not a sink: a [`WindowKv`] whose every layer is a window of `w`
+/// (what the constructors build), or, for a reference that scores the same positions
+/// while evicting nothing, any store keeping every position ([`over`](SinkKv::over)).
+pub struct SinkKv<W = WindowKv> {
     keep: usize,
     window: usize,
     /// Positions `0 .. min(len, keep)`.
     sinks: GrowKv,
     /// Every layer a window of `window`: the last `window` positions.
-    rest: WindowKv,
+    rest: W,
     /// The open append: its start, length and the layers written.
     pending: Option<(usize, usize, Vec<bool>)>,
 }
@@ -95,15 +99,11 @@ impl SinkKv {
         types: (KvType, KvType),
     ) -> Result<Self, KvError> {
         let windows = vec![Some(window); geometry.n_layers];
-        let rest = WindowKv::with_types(geometry, max_ctx, &windows, types)?;
-        let sinks = GrowKv::with_types(geometry, keep.min(max_ctx), types)?;
-        Ok(SinkKv {
+        SinkKv::over(
+            WindowKv::with_types(geometry, max_ctx, &windows, types)?,
             keep,
             window,
-            sinks,
-            rest,
-            pending: None,
-        })
+        )
     }
 
     /// The same empty store encoding its keys through `codec`, as
@@ -124,6 +124,35 @@ impl SinkKv {
     pub fn set_alloc_gate(&mut self, gate: Option<Arc<dyn AllocGate>>) {
         self.sinks.set_alloc_gate(gate.clone());
         self.rest.set_alloc_gate(gate);
+    }
+}
+
+impl<W: KvStore> SinkKv<W> {
+    /// Sinks `keep` and window `window` over `rest`, an empty store holding what is not
+    /// a sink, its view scored as this store's: with a store that keeps every position
+    /// (a [`DenseKv`](super::DenseKv)), the reference that scores the same positions as
+    /// a sink store without evicting any. The sinks take `rest`'s geometry, types and
+    /// key codec.
+    ///
+    /// Whatever `rest` holds is dropped (cleared) first.
+    ///
+    /// # Errors
+    /// [`KvError::ZeroWindow`] for a window of 0; the sinks' allocation errors.
+    pub fn over(mut rest: W, keep: usize, window: usize) -> Result<Self, KvError> {
+        if window == 0 {
+            return Err(KvError::ZeroWindow { layer: 0 });
+        }
+        rest.clear();
+        let (g, max_ctx) = (rest.geometry(), rest.max_ctx());
+        let sinks = GrowKv::with_types(g, keep.min(max_ctx), rest.kv_types())?
+            .with_key_codec(&rest.codecs().0)?;
+        Ok(SinkKv {
+            keep,
+            window,
+            sinks,
+            rest,
+            pending: None,
+        })
     }
 
     /// The sinks kept: the first `keep` positions.
@@ -163,7 +192,7 @@ impl SinkKv {
     }
 }
 
-impl KvStore for SinkKv {
+impl<W: KvStore + 'static> KvStore for SinkKv<W> {
     fn geometry(&self) -> KvGeometry {
         self.rest.geometry()
     }
@@ -266,7 +295,8 @@ impl KvStore for SinkKv {
             sinks: self.sinks.fork()?,
             rest: self.rest.fork()?,
             pending: None,
-            ..*self
+            keep: self.keep,
+            window: self.window,
         })
     }
 
@@ -275,12 +305,11 @@ impl KvStore for SinkKv {
     }
 }
 
-impl fmt::Debug for SinkKv {
+impl<W> fmt::Debug for SinkKv<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SinkKv")
             .field("keep", &self.keep)
             .field("window", &self.window)
-            .field("len", &self.len())
             .field("append_open", &self.pending.is_some())
             .finish_non_exhaustive()
     }

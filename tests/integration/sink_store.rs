@@ -6,16 +6,17 @@
 //!   position less the key's stored position is their distance in StreamingLLM's
 //!   re-rotated cache (the sinks, then the window, counted from 0);
 //! - the model over it equals, bit for bit, the model over a dense reference that keeps
-//!   every position and scores the same positions (`DenseSinks`), on the scalar and SIMD
+//!   every position and scores the same positions (`SinkKv::over` a `DenseKv`, whose
+//!   window part evicts nothing), on the scalar and SIMD
 //!   backends, for random chunkings and element types;
 //! - before anything is evicted it is the dense model (within rounding: the attention is
 //!   folded from two parts), and its bytes stop growing once full.
 
 use kvcore::backend::{Backend, DType, Mask};
 use kvcore::gguf::GgufFile;
-use kvcore::kv::{DenseKv, KvCodec, KvError, KvGeometry, KvStore, KvType, KvView, Scoring, SinkKv};
+use kvcore::kv::{DenseKv, KvGeometry, KvStore, KvType, SinkKv};
 use kvcore::model::{Llama, Logits};
-use kvcore::ndarray::{Array2, ArrayView2};
+use kvcore::ndarray::Array2;
 use kvcore_scalar::Scalar;
 use kvcore_simd::Simd;
 use kvcore_test_support::kv_diff::sink;
@@ -23,106 +24,16 @@ use kvcore_test_support::kv_diff::suite::{Family, check, config};
 use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
 
+/// Every family of the differential scenarios (plain, windowed, typed, key offsets).
 #[test]
-fn sink_store_matches_the_dense_store_on_plain_scenarios() {
-    check(Family::Plain, config(128), sink::run);
-}
-
-#[test]
-fn sink_store_matches_the_dense_store_on_windowed_scenarios() {
-    check(Family::Windowed, config(256), sink::run);
-}
-
-#[test]
-fn sink_store_matches_the_dense_store_on_typed_scenarios() {
-    check(Family::Typed, config(128), sink::run);
-}
-
-#[test]
-fn sink_store_matches_the_dense_store_with_key_offsets() {
-    check(Family::KeyOffsets, config(64), sink::run);
-}
-
-/// The reference: a `DenseKv` keeping every position, whose view scores positions below
-/// `keep` and the rest as a sink store's does.
-struct DenseSinks {
-    dense: DenseKv,
-    sinks: Scoring,
-    window: Scoring,
-    keep: usize,
-}
-
-impl DenseSinks {
-    fn new(dense: DenseKv, like: &SinkKv) -> Self {
-        DenseSinks {
-            dense,
-            sinks: like.sink_scoring(),
-            window: like.window_scoring(),
-            keep: like.keep(),
-        }
+fn sink_store_matches_the_dense_store_on_every_family() {
+    for family in Family::ALL {
+        check(family, config(128), sink::run);
     }
 }
 
-impl KvStore for DenseSinks {
-    fn geometry(&self) -> KvGeometry {
-        self.dense.geometry()
-    }
-    fn kv_types(&self) -> (KvType, KvType) {
-        self.dense.kv_types()
-    }
-    fn max_ctx(&self) -> usize {
-        self.dense.max_ctx()
-    }
-    fn len(&self) -> usize {
-        self.dense.len()
-    }
-    fn capacity(&self) -> usize {
-        self.dense.capacity()
-    }
-    fn bytes(&self) -> usize {
-        self.dense.bytes()
-    }
-    fn codecs(&self) -> (KvCodec, KvCodec) {
-        self.dense.codecs()
-    }
-    fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
-        let all = self.dense.view(layer)?;
-        let sinks = all.at_positions(0..self.keep).with_scoring(self.sinks);
-        sinks.join(
-            all.at_positions(self.keep..usize::MAX)
-                .with_scoring(self.window),
-        )
-    }
-    fn begin(&mut self, at: usize, n: usize) -> Result<(), KvError> {
-        self.dense.begin(at, n)
-    }
-    fn write(
-        &mut self,
-        layer: usize,
-        k: ArrayView2<'_, f32>,
-        v: ArrayView2<'_, f32>,
-    ) -> Result<(), KvError> {
-        self.dense.write(layer, k, v)
-    }
-    fn commit(&mut self) -> Result<(), KvError> {
-        self.dense.commit()
-    }
-    fn rollback(&mut self) {
-        self.dense.rollback()
-    }
-    fn truncate(&mut self, n: usize) -> Result<(), KvError> {
-        self.dense.truncate(n)
-    }
-    fn fork(&self) -> Result<Self, KvError> {
-        Ok(DenseSinks {
-            dense: self.dense.fork()?,
-            ..*self
-        })
-    }
-    fn fork_boxed(&self) -> Result<Box<dyn KvStore>, KvError> {
-        Ok(Box::new(self.fork()?))
-    }
-}
+/// The reference: a `DenseKv` keeping every position, scored as a sink store's view.
+type DenseSinks = SinkKv<DenseKv>;
 
 /// StreamingLLM's cache for a query at `p`: the sinks it sees, then its window, each
 /// key's index in it being its re-rotated position.
@@ -231,8 +142,7 @@ fn stores<B: Backend>(
         .unwrap()
         .with_key_codec(&codec)
         .unwrap();
-    let reference = DenseSinks::new(dense, &sink);
-    (sink, reference)
+    (sink, SinkKv::over(dense, keep, w).unwrap())
 }
 
 fn compare<B: Backend>(
