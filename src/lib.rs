@@ -72,7 +72,8 @@ pub use backend::{
     AttnJob, AttnParams, Backend, DType, Mask, Rope, RopeStyle, ShapeError, Weights,
 };
 pub use kv::{
-    Append, DenseKv, GrowKv, KvError, KvGeometry, KvRestore, KvStore, KvType, KvView, WindowKv,
+    Append, DenseKv, GrowKv, KvError, KvGeometry, KvRestore, KvStore, KvType, KvView, SinkKv,
+    WindowKv,
 };
 /// The array crate of kvcore's public signatures (attention's operands, the KV views),
 /// re-exported so callers use the same version.

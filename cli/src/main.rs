@@ -442,6 +442,13 @@ struct PerplexityArgs {
     /// kld_mean, kld_p99, top1_agree).
     #[arg(long)]
     json: bool,
+    /// Score every token once, streaming the text through a cache of at most -c
+    /// positions: the first --keep (attention sinks) and a window of the rest.
+    #[arg(long, conflicts_with_all = ["chunks", "save_logits", "kl_base"])]
+    stream: bool,
+    /// With --stream: the positions kept from the start of the text (attention sinks).
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "stream")]
+    keep: usize,
 }
 
 #[derive(Args, Debug)]

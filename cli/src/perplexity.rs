@@ -31,7 +31,7 @@ use anyhow::{Context, bail};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcore::Backend;
-use kvcore::model::perplexity::{Divergence, Perplexity, log_softmax};
+use kvcore::model::perplexity::{Divergence, Perplexity, log_softmax, score_stream};
 use kvcore::model::{Llama, Logits};
 use kvcore::tokenizer::Special;
 use sha2::{Digest, Sha256};
@@ -64,6 +64,9 @@ pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let ids = text_model.tok.encode(&text, Special::Literal);
+    if a.stream {
+        return stream(a, text_model, ids, threads);
+    }
     let available = ids.len() / a.ctx;
     if available == 0 {
         bail!(
@@ -82,6 +85,98 @@ pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<ExitCode> {
         args: a,
     };
     backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
+}
+
+/// `--stream`: every token after the first scored once through a sink store of at most
+/// `-c` positions (`--keep` sinks and a window), in passes of up to `-c / 2` tokens.
+fn stream(
+    args: PerplexityArgs,
+    text_model: TextModel,
+    mut ids: Vec<u32>,
+    threads: usize,
+) -> anyhow::Result<ExitCode> {
+    if ids.len() < 2 {
+        bail!(
+            "{} is {} tokens; scoring needs at least 2",
+            args.file.display(),
+            ids.len()
+        );
+    }
+    if args.ctx <= args.keep {
+        bail!(
+            "-c {} leaves no window beside --keep {} sinks",
+            args.ctx,
+            args.keep
+        );
+    }
+    if let (true, Some(bos)) = (text_model.tok.add_bos(), text_model.tok.bos_id()) {
+        ids[0] = bos;
+    }
+    let job = StreamJob {
+        text_model,
+        ids,
+        args,
+    };
+    backends::dispatch(job.args.model.backend, threads, job.args.model.kernels, job)
+}
+
+struct StreamJob {
+    text_model: TextModel,
+    ids: Vec<u32>,
+    args: PerplexityArgs,
+}
+
+impl Job for StreamJob {
+    type Output = ExitCode;
+    fn run<B: Backend>(self, b: B) -> anyhow::Result<ExitCode> {
+        let StreamJob {
+            text_model: TextModel { file, .. },
+            ids,
+            args,
+        } = self;
+        let model = load_model(file, b, kvcore::model::Activations::F32)?;
+        let types = args.kv_types.single()?;
+        let (cache, keep) = (args.ctx, args.keep);
+        let mut kv = kvcore_engine::sink_store(&model, cache, keep, ids.len(), types)
+            .map_err(anyhow::Error::msg)?;
+        let bar = ProgressBar::new(ids.len() as u64 - 1);
+        bar.set_style(
+            ProgressStyle::with_template("[{elapsed_precise}] {bar:40} token {pos}/{len} {msg}")
+                .expect("valid template"),
+        );
+        let mut ppl = Perplexity::default();
+        score_stream(&model, &mut kv, &ids, (cache / 2).max(1), |nll| {
+            ppl.add(nll);
+            bar.inc(1);
+            if ppl.count() % 256 == 0 {
+                bar.set_message(format!("ppl {:.4} ± {:.4}", ppl.ppl(), ppl.stderr()));
+            }
+        })?;
+        let bytes = kv.bytes();
+        bar.finish_and_clear();
+        if args.json {
+            let json = serde_json::json!({
+                "ppl": ppl.ppl(),
+                "ppl_stderr": ppl.stderr(),
+                "tokens_scored": ppl.count(),
+                "stream": true,
+                "ctx": cache,
+                "keep": keep,
+                "window": cache - keep,
+                "kv_bytes": bytes,
+            });
+            println!("{json}");
+        } else {
+            println!(
+                "PPL = {:.4} ± {:.4} over {} tokens (streamed through {keep} sinks and a window of {}; {bytes} KV bytes)",
+                ppl.ppl(),
+                ppl.stderr(),
+                ppl.count(),
+                cache - keep
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 struct PerplexityJob {

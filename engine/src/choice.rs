@@ -3,7 +3,7 @@
 
 use kvcore::model::Activations;
 use kvcore::model::{Llama, ModelError};
-use kvcore::{Backend, DenseKv, KvStore, KvType};
+use kvcore::{Backend, DenseKv, KvStore, KvType, SinkKv};
 use kvcore_simd::{Simd, SimdPath};
 use std::fmt;
 use std::str::FromStr;
@@ -100,6 +100,45 @@ impl KvChoice {
             }
         })
     }
+}
+
+/// An empty sink store for `model` ([`SinkKv`]: StreamingLLM's attention sinks beside a
+/// window): every layer keeps the first `keep` positions and the last `cache − keep` of
+/// a sequence of up to `max_positions`, so at most `cache` positions per layer; K rows
+/// in `types.0`, V rows in `types.1`, keys through the model's codec.
+///
+/// Errors, naming the problem: a model with sliding-window layers (their own window
+/// is the model's; sinks are for models trained without one), `cache ≤ keep` (no
+/// window), and the store's own errors.
+pub fn sink_store<B: Backend>(
+    model: &Llama<B>,
+    cache: usize,
+    keep: usize,
+    max_positions: usize,
+    types: (KvType, KvType),
+) -> Result<Box<dyn KvStore>, String> {
+    if model.config().windows().iter().any(Option::is_some) {
+        return Err(
+            "attention sinks are for models without sliding-window layers; this model has some"
+                .into(),
+        );
+    }
+    if cache <= keep {
+        return Err(format!(
+            "a cache of {cache} positions leaves no window beside {keep} sinks (--keep)"
+        ));
+    }
+    let keys = (model.key_codec(types.0, max_positions)).map_err(|e| e.to_string())?;
+    let store = SinkKv::with_types(
+        model.kv_geometry(),
+        max_positions,
+        keep,
+        cache - keep,
+        types,
+    )
+    .and_then(|s| s.with_key_codec(&keys))
+    .map_err(|e| e.to_string())?;
+    Ok(Box::new(store))
 }
 
 /// Parses a kernel path of the SIMD backend by name: `avx512`, `avx2`, `neon`, `simd128`

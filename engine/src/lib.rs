@@ -19,7 +19,9 @@
 mod choice;
 mod text;
 
-pub use choice::{BackendChoice, KvChoice, parse_activations, parse_kernels, parse_kv_type};
+pub use choice::{
+    BackendChoice, KvChoice, parse_activations, parse_kernels, parse_kv_type, sink_store,
+};
 pub use kvcore;
 pub use kvcore::model::{Decoder, FinishReason, GenerateParams};
 pub use kvcore_simd::SimdPath;

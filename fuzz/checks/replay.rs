@@ -1,4 +1,5 @@
-//! The body of the differential KV fuzz targets (`kv_growth`, `kv_window`, `kv_pool`):
+//! The body of the differential KV fuzz targets (`kv_growth`, `kv_window`, `kv_sink`,
+//! `kv_pool`):
 //! an input that decodes to a scenario is replayed, and any divergence is a crash.
 
 use std::fmt::Display;

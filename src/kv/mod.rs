@@ -46,6 +46,11 @@
 //!   pending rows; attention with `Mask::SlidingWindow` over them is bitwise that over a
 //!   dense store. Rewinding behind a window is [`KvError::BehindWindow`].
 //!
+//! - [`SinkKv`] keeps every layer's first `keep` positions (attention sinks) and its last
+//!   `w` (a window) for a model trained without sliding windows, at most `keep + w`
+//!   positions per layer however long the sequence; its view scores the sinks with the
+//!   query at its position within the cache ([`Scoring`]), StreamingLLM's rule.
+//!
 //! Every store keeps K and V in an element type chosen for each ([`KvType`]: f32, the
 //! reference, f16, bf16 or q8_0; `elem.rs`), encoded one row at a time when written, so
 //! stores given the same rows hold the same bytes. What a type does to a row, and what
@@ -70,6 +75,7 @@ mod mem;
 mod offsets;
 mod paged;
 mod rows;
+mod sink;
 pub mod tier;
 mod view;
 mod window;
@@ -80,8 +86,9 @@ pub use elem::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK};
 pub use grow::GrowKv;
 pub use offsets::{KEY_OFFSET_BLOCK, KeyOffsets};
 pub use paged::{BlockHash, KvPool, PagedKv, PoolConfig, PoolStats};
+pub use sink::SinkKv;
 pub use tier::{DiskTier, KvTier, TierKey, TierRecord, TierStats};
-pub use view::{KvRows, KvSegment, KvView};
+pub use view::{KvRows, KvSegment, KvView, Scoring};
 pub use window::WindowKv;
 
 use std::fmt;

@@ -16,6 +16,13 @@
 //! same order as "the visible positions, ascending": a reduction over a view adds its
 //! terms in position order whatever the store's layout, which is what lets two stores
 //! holding the same rows give bitwise identical attention.
+//!
+//! A segment may also say how a query scores it ([`Scoring`]): a sink store
+//! ([`SinkKv`](super::SinkKv)) scores its first positions with the query placed at its
+//! position within the cache, and its window through a sliding window. Kernels read
+//! every segment alike; the model computes attention over a view whose segments differ
+//! in scoring one group of segments at a time ([`KvView::groups`]), each an attention
+//! part, folded by the exact merge of `backend/part.rs`.
 
 use std::ops::Range;
 
@@ -156,12 +163,39 @@ impl<'a> KvRows<'a> {
     }
 }
 
+/// How a query scores a segment's keys. The default, [`Scoring::PLAIN`], is at the
+/// query's own position through the layer's mask.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Scoring {
+    /// `Some(c)`: a query at position `p` scores these keys as if it sat at `min(p, c)`:
+    /// rotated there (RoPE) and masked from there. A sink store's sinks are scored so,
+    /// with `c` the last position within its cache. `None`: at `p`.
+    pub query_cap: Option<usize>,
+    /// The mask these keys are seen through instead of the layer's, or `None` (the
+    /// layer's).
+    pub mask: Option<Mask>,
+}
+
+impl Scoring {
+    /// At the query's own position, through the layer's mask.
+    pub const PLAIN: Scoring = Scoring {
+        query_cap: None,
+        mask: None,
+    };
+
+    /// The position a query at `q_pos` is scored at: `min(q_pos, query_cap)`.
+    pub fn query_pos(&self, q_pos: usize) -> usize {
+        self.query_cap.map_or(q_pos, |c| q_pos.min(c))
+    }
+}
+
 /// A run of slots holding consecutive positions `start .. start + len`.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSegment<'a> {
     start: usize,
     keys: KvRows<'a>,
     values: KvRows<'a>,
+    scoring: Scoring,
 }
 
 impl<'a> KvSegment<'a> {
@@ -188,7 +222,19 @@ impl<'a> KvSegment<'a> {
             start,
             keys,
             values,
+            scoring: Scoring::PLAIN,
         })
+    }
+
+    /// The same slots, scored by `scoring`.
+    pub fn with_scoring(self, scoring: Scoring) -> Self {
+        KvSegment { scoring, ..self }
+    }
+
+    /// How a query scores these keys ([`Scoring::PLAIN`] unless
+    /// [`with_scoring`](Self::with_scoring) said otherwise).
+    pub fn scoring(&self) -> Scoring {
+        self.scoring
     }
 
     /// Position of the first slot.
@@ -243,6 +289,7 @@ impl<'a> KvSegment<'a> {
             start: self.start,
             keys: self.keys.heads(heads.clone()),
             values: self.values.heads(heads),
+            scoring: self.scoring,
         }
     }
 }
@@ -402,13 +449,67 @@ impl<'a> KvView<'a> {
                     start: lo,
                     keys: s.keys.slots(r.clone()),
                     values: s.values.slots(r),
+                    scoring: s.scoring,
                 });
             }
         }
         KvView {
+            segments,
+            ..self.clone_empty()
+        }
+    }
+
+    /// The segments of `tail` after this view's, with `tail`'s codecs (two parts of one
+    /// store's layer, such as a sink store's sinks and window).
+    ///
+    /// Errors as [`new`](Self::new) when the segments do not fit together.
+    pub fn join(self, tail: KvView<'a>) -> Result<KvView<'a>, KvError> {
+        let mut segments = self.segments;
+        segments.extend(tail.segments);
+        let codecs = tail.codecs;
+        let view = KvView::new(tail.n_kv_heads, tail.head_dim, segments)?;
+        Ok(KvView { codecs, ..view })
+    }
+
+    /// The same view with every segment scored by `scoring`.
+    pub fn with_scoring(mut self, scoring: Scoring) -> KvView<'a> {
+        for s in &mut self.segments {
+            s.scoring = scoring;
+        }
+        self
+    }
+
+    /// Whether every segment is scored plainly ([`Scoring::PLAIN`]): attention over the
+    /// view is one call.
+    pub fn is_plain(&self) -> bool {
+        self.segments.iter().all(|s| s.scoring == Scoring::PLAIN)
+    }
+
+    /// The runs of consecutive segments scored alike, each with its scoring, in position
+    /// order: one per attention part of a view that is not [plain](Self::is_plain).
+    pub fn groups(&self) -> Vec<(Scoring, KvView<'a>)> {
+        let mut groups: Vec<(Scoring, KvView<'a>)> = Vec::new();
+        for s in &self.segments {
+            match groups.last_mut() {
+                Some((scoring, view)) if *scoring == s.scoring => view.segments.push(*s),
+                _ => groups.push((
+                    s.scoring,
+                    KvView {
+                        segments: vec![*s],
+                        ..self.clone_empty()
+                    },
+                )),
+            }
+        }
+        groups
+    }
+
+    /// This view's shape and codecs without segments.
+    fn clone_empty(&self) -> KvView<'a> {
+        KvView {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
-            segments,
+            segments: Vec::new(),
             codecs: self.codecs,
         }
     }

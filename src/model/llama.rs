@@ -47,10 +47,13 @@
 //! every sequence computes as it would alone.
 
 use super::{FfnActivation, LlamaConfig, ModelError};
-use crate::backend::{AttnJob, AttnParams, Backend, Mask, Q8Acts, Q8Layout, Rope, Weights};
+use crate::backend::{
+    AttnJob, AttnParams, Backend, Mask, PartStat, Q8Acts, Q8Layout, Rope, Weights, finish_part,
+    merge_part,
+};
 use crate::gguf::GgufFile;
-use crate::kv::{Append, GrowKv, KvCodec, KvError, KvGeometry, KvStore, KvType, WindowKv};
-use ndarray::{Array2, Axis, s};
+use crate::kv::{Append, GrowKv, KvCodec, KvError, KvGeometry, KvStore, KvType, KvView, WindowKv};
+use ndarray::{Array2, Array3, ArrayView2, Axis, s};
 use std::ops::Range;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -758,8 +761,19 @@ impl<B: Backend> Llama<B> {
                 q = per_head(q, c.n_heads, q_norm)?;
                 k = per_head(k, c.n_kv_heads, k_norm)?;
             }
-            b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
             b.rope(std_slice_mut(&mut k), c.head_dim, &positions, &rope)?;
+            for (tx, span) in txs.iter_mut().zip(spans) {
+                let r = span.rows.clone();
+                // K/V rows at .. at + len of this sequence.
+                tx.write(layer, k.slice(s![r.clone(), ..]), v.slice(s![r, ..]))?;
+            }
+            let views = (txs.iter())
+                .map(|tx| tx.view(layer))
+                .collect::<Result<Vec<_>, _>>()?;
+            // A view scoring some keys with the query elsewhere (a sink store's sinks)
+            // rotates the query again from its unrotated rows.
+            let q_raw = (!views.iter().all(KvView::is_plain)).then(|| q.clone());
+            b.rope(std_slice_mut(&mut q), c.head_dim, &positions, &rope)?;
             let mut att = Array2::<f32>::zeros((n, c.q_dim())); // [N, q_dim]
             let mut att_heads = att
                 .view_mut()
@@ -769,15 +783,8 @@ impl<B: Backend> Llama<B> {
                 .view()
                 .into_shape_with_order((n, c.n_heads, c.head_dim))
                 .expect("standard layout [N, n_heads·head_dim]");
-            for (tx, span) in txs.iter_mut().zip(spans) {
-                let r = span.rows.clone();
-                // K/V rows at .. at + len of this sequence.
-                tx.write(layer, k.slice(s![r.clone(), ..]), v.slice(s![r, ..]))?;
-            }
-            // Every sequence's attention in one call (a parallel backend spreads them).
-            let views = (txs.iter())
-                .map(|tx| tx.view(layer))
-                .collect::<Result<Vec<_>, _>>()?;
+            // Every plain sequence's attention in one call (a parallel backend spreads
+            // them); the others in parts, one per group of segments scored alike.
             let mut jobs = Vec::with_capacity(spans.len());
             let mut rest = att_heads.view_mut();
             for (view, span) in views.iter().zip(spans) {
@@ -785,12 +792,19 @@ impl<B: Backend> Llama<B> {
                 debug_assert_eq!(r.start, n - rest.len_of(Axis(0)), "spans stack in order");
                 let (out, tail) = rest.split_at(Axis(0), r.len());
                 rest = tail;
-                jobs.push(AttnJob {
+                let mut job = AttnJob {
                     q: q_heads.slice(s![r.clone(), .., ..]),
-                    q_pos: &positions[r],
+                    q_pos: &positions[r.clone()],
                     kv: view,
                     out,
-                });
+                };
+                match &q_raw {
+                    Some(raw) if !view.is_plain() => {
+                        let raw = raw.slice(s![r, ..]);
+                        attention_in_groups(b, &mut job, raw, &rope, &params)?;
+                    }
+                    _ => jobs.push(job),
+                }
             }
             b.attention_batch(&mut jobs, &params)?;
             drop(jobs);
@@ -868,6 +882,68 @@ impl<B: Backend> Llama<B> {
         }
         Ok(mean.iter().map(|v| (f64::from(*v) / norm) as f32).collect())
     }
+}
+
+/// Attention of `job` over a view whose segments differ in how they are scored
+/// ([`Scoring`](crate::kv::Scoring)): each group of segments scored alike ([`KvView::groups`]) is one
+/// attention part, its queries rotated (from `q_raw: [n, q_dim]`, before RoPE) and
+/// masked at their scored positions through the group's mask (else `params`'), and the
+/// parts are folded in position order by [`merge_part`] and normalised by
+/// [`finish_part`]. A group scored at the queries' own positions reads `job.q`.
+fn attention_in_groups<B: Backend>(
+    b: &B,
+    job: &mut AttnJob<'_>,
+    q_raw: ArrayView2<'_, f32>,
+    rope: &Rope,
+    params: &AttnParams,
+) -> Result<(), ModelError> {
+    let (n, heads, head_dim) = job.q.dim();
+    let mut acc = vec![PartStat::EMPTY; n * heads];
+    let mut acc_out = Array3::<f32>::zeros((n, heads, head_dim));
+    let mut part = Array3::<f32>::zeros((n, heads, head_dim));
+    let mut stats = vec![PartStat::EMPTY; n * heads];
+    for (scoring, view) in job.kv.groups() {
+        let group = AttnParams {
+            mask: scoring.mask.unwrap_or(params.mask),
+            ..*params
+        };
+        let pos: Vec<usize> = job.q_pos.iter().map(|&p| scoring.query_pos(p)).collect();
+        let moved;
+        let q = if pos == job.q_pos {
+            job.q.view()
+        } else {
+            let mut q = q_raw.to_owned();
+            b.rope(std_slice_mut(&mut q), head_dim, &pos, rope)?;
+            moved = q;
+            moved
+                .view()
+                .into_shape_with_order((n, heads, head_dim))
+                .expect("standard layout [n, n_heads·head_dim]")
+        };
+        b.attention_part(q, &pos, &view, &group, part.view_mut(), &mut stats)?;
+        let rows = (acc.iter_mut().zip(&stats))
+            .zip(
+                acc_out
+                    .as_slice_mut()
+                    .expect("std")
+                    .chunks_exact_mut(head_dim),
+            )
+            .zip(part.as_slice().expect("std").chunks_exact(head_dim));
+        for (((acc, &stat), out), part) in rows {
+            merge_part(acc, out, stat, part);
+        }
+    }
+    let rows = acc.iter().zip(
+        acc_out
+            .as_slice_mut()
+            .expect("std")
+            .chunks_exact_mut(head_dim),
+    );
+    for (&stat, out) in rows {
+        finish_part(stat, out);
+    }
+    job.out.assign(&acc_out);
+    Ok(())
 }
 
 /// The elements of a standard-layout array (every activation here is one).

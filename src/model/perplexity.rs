@@ -7,6 +7,40 @@
 //! mean, and its uncertainty is `ppl · sqrt(var(nll) / (N − 1))` (the standard error of
 //! the mean, carried through `exp`). Everything is accumulated in f64.
 
+use super::{Llama, Logits, ModelError};
+use crate::backend::Backend;
+use crate::kv::KvStore;
+
+/// Streams `ids` through `kv` in passes of at most `batch` tokens and hands `score`, in
+/// order, the negative log-likelihood of every token after the first given the logits
+/// of the one before it: each token is scored once, with whatever the store keeps of
+/// what precedes it (a [`SinkKv`](crate::kv::SinkKv): its sinks and its window).
+///
+/// # Errors
+/// `batch == 0` is [`ModelError::EmptyInput`]; a failed pass returns its error (the
+/// tokens before it stay in `kv`, scored).
+pub fn score_stream<B: Backend, K: KvStore + ?Sized>(
+    model: &Llama<B>,
+    kv: &mut K,
+    ids: &[u32],
+    batch: usize,
+    mut score: impl FnMut(f64),
+) -> Result<(), ModelError> {
+    if batch == 0 {
+        return Err(ModelError::EmptyInput);
+    }
+    for (c, chunk) in ids.chunks(batch).enumerate() {
+        let logits = model.forward(kv, chunk, Logits::All)?; // [chunk, vocab]
+        for (j, row) in logits.rows().into_iter().enumerate() {
+            if let Some(&next) = ids.get(c * batch + j + 1) {
+                let lp = log_softmax(row.as_slice().expect("rows are contiguous"));
+                score(-f64::from(lp[next as usize]));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `ln softmax(logits)`, computed in f64 (max-subtracted) and returned as f32.
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));

@@ -42,6 +42,7 @@ mod session_file;
 mod session_key_offsets;
 mod session_reuse;
 mod session_window;
+mod sink_store;
 mod tokenizer_gemma;
 mod tokenizer_golden;
 mod tokenizer_props;

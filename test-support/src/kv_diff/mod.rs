@@ -61,6 +61,7 @@ use kvcore::kv::{
 };
 use kvcore::ndarray::{Array2, ArrayView3};
 
+pub mod sink;
 mod spec;
 pub mod suite;
 
