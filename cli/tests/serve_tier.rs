@@ -33,7 +33,7 @@ fn complete(server: &Server, prompt: &str) -> (String, u64, u64) {
 }
 
 fn start(dir: &std::path::Path) -> Server {
-    Server::start(&["--kv-tier", dir.to_str().unwrap(), "--kv-budget", "64M"])
+    Server::start(&["--kv-tier", dir.to_str().unwrap(), "--kv-budget", "256M"])
 }
 
 #[test]
@@ -78,8 +78,8 @@ fn a_prompts_blocks_outlive_a_restart_and_a_kill() {
     // Another prompt, then SIGKILL once its blocks are written: what was written stays
     // usable and nothing is rejected.
     let other = format!("{p} And one more paragraph about the reading rooms. {p}");
-    let (cold2, n2, _) = complete(&second, &other);
     let written = second.metric("kvcore_kv_tier_written_bytes_total");
+    let (cold2, n2, _) = complete(&second, &other);
     assert!(second.wait_metrics(Duration::from_secs(30), |m| {
         common::server::metric(m, "kvcore_kv_tier_written_bytes_total") > written
     }));
