@@ -39,13 +39,17 @@
 //! with a `// SAFETY:` comment.
 
 mod kernel;
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "aarch64",
-    all(target_arch = "wasm32", target_feature = "simd128")
-))]
+// Without a SIMD family (wasm32 without SIMD128, other targets) no lanes instantiate
+// these, but `Kernel` names their traits.
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )),
+    allow(dead_code)
+)]
 mod kformat;
-// Without a SIMD family (wasm32 without SIMD128, other targets) no lanes instantiate it.
 #[cfg_attr(
     not(any(
         target_arch = "x86_64",
