@@ -376,9 +376,9 @@ impl DiskShared {
 
 impl KvTier for DiskTier {
     fn put(&self, record: TierRecord) {
-        if lock(&self.shared.index).files.contains_key(record.key())
-            && self.shared.path(record.key()).exists()
-        {
+        // The index alone decides (no file system call on the caller's thread); a record
+        // that vanished leaves it at the next `get`.
+        if lock(&self.shared.index).files.contains_key(record.key()) {
             return;
         }
         if let Some(q) = &*lock(&self.queue) {
@@ -396,7 +396,9 @@ impl KvTier for DiskTier {
         let bytes = match fs::read(&path) {
             Ok(b) => b,
             Err(e) => {
-                if e.kind() != io::ErrorKind::NotFound {
+                if e.kind() == io::ErrorKind::NotFound {
+                    lock(&self.shared.index).remove(key);
+                } else {
                     self.shared.errors.fetch_add(1, Ordering::Relaxed);
                 }
                 return None;
