@@ -2,7 +2,9 @@
 # `kvcore serve` with the official `openai` Python client (server/tests/openai_client.py):
 # starts the release binary on a loopback port the OS picks, runs the client test, then
 # sends SIGTERM and requires exit status 0; server/tests/hostile_clients.py and
-# server/tests/load_hostile.py run raw TCP clients against servers of their own. The load test (cli/tests/serve_load.rs) and
+# server/tests/load_hostile.py run raw TCP clients against servers of their own;
+# server/tests/tier_redis.py and gateway_smg.py run replicas with the prefix cache's tier,
+# the latter behind the `smg` gateway. The load test (cli/tests/serve_load.rs) and
 # the HTTP tests (cli/tests/serve.rs) run in `cargo test`.
 #
 # Usage: .ci/server.sh   (python3 with venv, or $PYTHON; PyPI reachable)
@@ -60,6 +62,12 @@ if ! command -v redis-server >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
 fi
 python3 server/tests/tier_redis.py target/release/kvcore smollm2 "$(command -v redis-server)"
+# Three replicas behind the SGLang Model Gateway (issue 51): cache-aware routing over disk
+# tiers with a restart in the middle, then round robin over one Redis tier (~2 min).
+smg_venv=target/ci-smg-venv
+make_venv "$smg_venv"
+"$smg_venv/bin/python" -m pip install -q --disable-pip-version-check smg==1.13.0
+python3 server/tests/gateway_smg.py target/release/kvcore smollm2 "$smg_venv/bin/smg" "$(command -v redis-server)"
 # The README's snippets, against this server.
 readme=target/ci-readme
 mkdir -p "$readme"

@@ -13,41 +13,19 @@ ratio, and the prompt and cached token counts the server reported.
 
 import argparse
 import json
+import os
 import statistics
-import time
-import urllib.request
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server", "tests"))
+import kvserve  # noqa: E402
 
 
 def ttft(base, system, question):
-    body = json.dumps(
-        {
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": question},
-            ],
-            "max_tokens": 2,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    req = urllib.request.Request(
-        base + "/v1/chat/completions", body, {"Content-Type": "application/json"}
-    )
-    start = time.perf_counter()
-    first, usage = None, None
-    with urllib.request.urlopen(req) as r:
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for c in chunk.get("choices", []):
-                if first is None and c["delta"].get("content"):
-                    first = time.perf_counter() - start
-    return first, usage
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    t, usage, _ = kvserve.stream(base, "/v1/chat/completions",
+                                 {"messages": messages, "max_tokens": 2, "temperature": 0})
+    return t, usage
 
 
 def main():

@@ -13,53 +13,24 @@ ratio, and the cached tokens the restarted server reported.
 
 import argparse
 import json
-import re
+import os
 import statistics
-import subprocess
+import sys
 import tempfile
-import threading
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server", "tests"))
+import kvserve  # noqa: E402
 
 
 def start(binary, model, tier):
-    proc = subprocess.Popen(
-        [binary, "serve", model, "--port", "0", "-t", "2", "--kv-budget", "512M", "-c", "8192",
-         "--kv-tier", tier],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url, ready = [None], threading.Event()
-
-    def read():
-        for line in proc.stderr:
-            m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
-            if m:
-                url[0] = m.group(1)
-                ready.set()
-        ready.set()
-    threading.Thread(target=read, daemon=True).start()
-    ready.wait(120)
-    if url[0] is None:
-        raise SystemExit("kvcore serve did not start")
-    return proc, url[0]
+    return kvserve.Replica(binary, model, "-t", "2", "--kv-budget", "512M", "-c", "8192",
+                           "--kv-tier", tier)
 
 
-def ttft(url, prompt):
-    body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    first, usage = None, None
-    with urllib.request.urlopen(req) as r:
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
-                first = time.perf_counter() - t0
-            if ev.get("usage"):
-                usage = ev["usage"]
-    return first if first is not None else time.perf_counter() - t0, usage
+def ttft(server, prompt):
+    t, usage, _ = kvserve.stream(server.url, "/v1/completions",
+                                 {"prompt": prompt, "max_tokens": 1, "temperature": 0})
+    return t, usage
 
 
 def main():
@@ -73,18 +44,15 @@ def main():
     for rep in range(a.reps):
         prompt = f"Copy {rep}. " + " ".join(words[:2900])
         with tempfile.TemporaryDirectory() as tier:
-            proc, url = start(a.binary, a.model, tier)
-            t, usage = ttft(url, prompt)
+            server = start(a.binary, a.model, tier)
+            t, usage = ttft(server, prompt)
             cold.append(t)
             prompt_tokens.append(usage["prompt_tokens"])
-            proc.terminate()
-            proc.wait(60)
-            proc, url = start(a.binary, a.model, tier)
-            t, usage = ttft(url, prompt)
+            server.restart()
+            t, usage = ttft(server, prompt)
             warm.append(t)
             cached.append(usage["prompt_tokens_details"]["cached_tokens"])
-            proc.terminate()
-            proc.wait(60)
+            server.stop()
     print(json.dumps({
         "prompt_tokens": prompt_tokens, "cached_tokens_after_restart": cached,
         "cold_ttft_s": statistics.median(cold), "restart_ttft_s": statistics.median(warm),

@@ -9,72 +9,30 @@ Usage: python3 tier_redis.py KVCORE_BINARY MODEL REDIS_SERVER_BINARY
 
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
-FAILURES = []
+sys.path.insert(0, os.path.dirname(__file__))
+import kvserve  # noqa: E402
+
+check = kvserve.check
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+def replica(binary, model, redis_url, secret):
+    return kvserve.Replica(binary, model, "-t", "1", "--kv-budget", "128M",
+                           "--kv-tier", redis_url, "--kv-tier-secret-file", secret)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Replica:
-    def __init__(self, binary, model, redis_url, secret):
-        self.log = []
-        self.proc = subprocess.Popen(
-            [binary, "serve", model, "--port", "0", "-t", "1", "--kv-budget", "128M",
-             "--kv-tier", redis_url, "--kv-tier-secret-file", secret],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-        self.url = None
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
-                if m:
-                    self.url = m.group(1)
-                    ready.set()
-            ready.set()
-        threading.Thread(target=read, daemon=True).start()
-        ready.wait(120)
-        if self.url is None:
-            raise SystemExit("kvcore serve did not start:\n" + "".join(self.log))
-
-    def chat(self, messages):
-        body = json.dumps({"model": "kvcore", "messages": messages, "max_tokens": 24,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.load(r)
-
-    def metric(self, name):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return None
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(30)
+def chat(replica, messages):
+    body = json.dumps({"model": "kvcore", "messages": messages, "max_tokens": 24,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(replica.url + "/v1/chat/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.load(r)
 
 
 SYSTEM = ("You are a careful assistant for a public library. " * 3 +
@@ -87,27 +45,17 @@ SYSTEM = ("You are a careful assistant for a public library. " * 3 +
 def main():
     binary, model, redis_server = sys.argv[1:4]
     work = tempfile.mkdtemp(prefix="kvcore-tier-redis-")
-    port = free_port()
-    redis = subprocess.Popen(
-        [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru",
-         "--dir", work],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = kvserve.Redis(redis_server, work)
+    port = redis.port
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        url = f"redis://127.0.0.1:{port}"
+        url = redis.url
         secret = os.path.join(work, "tier.key")
-        a = Replica(binary, model, url, secret)
-        b = Replica(binary, model, url, secret)
+        a = replica(binary, model, url, secret)
+        b = replica(binary, model, url, secret)
         check(os.stat(secret).st_mode & 0o777 == 0o600, "the secret file is created with mode 0600")
         turn1 = [{"role": "system", "content": SYSTEM},
                  {"role": "user", "content": "How many items may I borrow, and for how long?"}]
-        r1 = a.chat(turn1)
+        r1 = chat(a, turn1)
         n1 = r1["usage"]["prompt_tokens"]
         # Wait for A's blocks to reach Redis (written off the decode thread).
         deadline = time.time() + 60
@@ -117,21 +65,21 @@ def main():
         time.sleep(0.5)
         turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
                          {"role": "user", "content": "And what are the late fees?"}]
-        r2b = b.chat(turn2)
+        r2b = chat(b, turn2)
         cached = r2b["usage"]["prompt_tokens_details"]["cached_tokens"]
         full = n1 // 64 * 64
         check(cached >= 0.9 * full and cached >= 64,
               f"replica B took turn 1's blocks from Redis: {cached} cached of turn 1's {n1} tokens")
         check(b.metric("kvcore_kv_tier_hits_total") >= full // 64 - 1,
               f"B's tier hits: {b.metric('kvcore_kv_tier_hits_total')}")
-        r2a = a.chat(turn2)
+        r2a = chat(a, turn2)
         check(r2a["choices"][0]["message"]["content"] == r2b["choices"][0]["message"]["content"],
               "B answers turn 2 as A does (greedy)")
         check(a.metric("kvcore_kv_tier_rejected_total") == 0 and
               b.metric("kvcore_kv_tier_rejected_total") == 0, "no record rejected")
         # Another deployment (another secret) on the same Redis shares nothing.
-        other = Replica(binary, model, url, os.path.join(work, "other.key"))
-        r = other.chat(turn2)
+        other = replica(binary, model, url, os.path.join(work, "other.key"))
+        r = chat(other, turn2)
         check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
               "a replica with another secret finds nothing")
         check(other.metric("kvcore_kv_tier_hits_total") == 0, "  and has no tier hits")
@@ -140,15 +88,10 @@ def main():
         check(keys and all(k.startswith("kvcore:kv:") for k in keys),
               f"Redis holds {len(keys)} records, all under kvcore:kv:")
         for r in (a, b, other):
-            r.stop()
-            check(r.proc.returncode == 0, "a replica exits 0 after SIGTERM")
+            check(r.stop() == 0, "a replica exits 0 after SIGTERM")
     finally:
-        redis.terminate()
-        redis.wait(10)
-    if FAILURES:
-        print(f"{len(FAILURES)} checks failed", file=sys.stderr)
-        sys.exit(1)
-    print("all checks passed")
+        redis.stop()
+    kvserve.finish()
 
 
 if __name__ == "__main__":
