@@ -42,7 +42,7 @@ def main():
     words = open("/usr/share/common-licenses/GPL-3").read().split()
     cold, warm, cached, prompt_tokens = [], [], [], []
     for rep in range(a.reps):
-        prompt = f"Copy {rep}. " + " ".join(words[:2900])
+        prompt = f"Copy {rep}. " + " ".join(words[:3335])
         with tempfile.TemporaryDirectory() as tier:
             server = start(a.binary, a.model, tier)
             t, usage = ttft(server, prompt)
