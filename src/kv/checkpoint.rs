@@ -45,8 +45,8 @@ pub struct Checkpoints {
 
 impl Checkpoints {
     /// The default spacing, 512 positions: a rewind behind the window re-prefills at
-    /// most 511 positions before the divergence (BENCHMARKS.md measures it against the
-    /// spacings around it).
+    /// most 511 positions before the divergence (`examples/window_rewind.rs` measures it
+    /// against the spacings around it).
     pub const DEFAULT_EVERY: NonZeroUsize = NonZeroUsize::new(512).expect("512 > 0");
 
     /// The default count, llama.cpp's (`--ctx-checkpoints 8`): with the default spacing

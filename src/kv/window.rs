@@ -91,9 +91,13 @@ use super::{
 ///   `n + 1 − w .. n`, in every window layer; when one was evicted the call fails with
 ///   [`KvError::BehindWindow`] and changes nothing
 ///   ([`can_rewind_to`](KvStore::can_rewind_to) tells beforehand). `0` (a clear) and
-///   `len` are always possible. A [`Session`](crate::Session) then re-prefills from 0.
+///   `len` are always possible, and so is every window checkpoint's position when the
+///   store keeps them ([`with_checkpoints`](Self::with_checkpoints)). A
+///   [`Session`](crate::Session) then re-prefills from the nearest of these before the
+///   divergence.
 ///
-/// For every sequence of calls that does not rewind behind a window, its views hold,
+/// For every sequence of calls that does not rewind behind a window (other than to a
+/// checkpoint), its views hold,
 /// for every position a query can still see, bitwise the rows of a
 /// [`DenseKv`](super::DenseKv) given the same calls, so attention with the window as a
 /// mask gives bitwise the same result.
