@@ -21,18 +21,9 @@ use kvcore::gguf::GgufFile;
 use kvcore::kv::Checkpoints;
 use kvcore::model::Llama;
 use kvcore::ndarray::Array2;
-use kvcore::tokenizer::{Special, Tokenizer};
 use kvcore::{Backend, KvError, KvStore, Session, WindowKv};
 use kvcore_rayon::Rayon;
 use kvcore_simd::Simd;
-
-/// Text whose ids, repeated, make the conversation.
-const TEXT: &str = "The history of the printing press begins in the fifteenth century, when \
-    movable metal type, oil-based inks and a screw press adapted from wine making came \
-    together in Mainz. Within fifty years presses were at work in more than two hundred \
-    European towns, and the price of a book fell to a fraction of what a copied manuscript \
-    had cost. Scholars could compare identical copies of a text, errors were corrected in \
-    later editions, and news, pamphlets and maps travelled faster than ever before. ";
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -62,17 +53,15 @@ fn main() -> Result<(), Box<dyn Error>> {
         .flatten()
         .max()
         .unwrap_or(0);
-    let tok = Tokenizer::from_gguf(model.file())?;
-    let text = tok.encode(TEXT, Special::Literal);
-    let ids: Vec<u32> = text.iter().copied().cycle().take(positions).collect();
-    // The new ids of a turn: the text from another offset, so they differ at once.
-    let other: Vec<u32> = text
-        .iter()
-        .copied()
-        .cycle()
-        .skip(7)
-        .take(positions)
-        .collect();
+    // Ids spread over the vocabulary (what they say does not change the time); a turn's
+    // new ids differ from the conversation's at every position.
+    let vocab = model.config().vocab_size as u64;
+    let spread = |seed: u64| -> Vec<u32> {
+        (0..positions as u64)
+            .map(|i| ((i * 7919 + seed) % (vocab - 1000) + 1000) as u32)
+            .collect()
+    };
+    let (ids, other) = (spread(1), spread(2));
     let ctx = positions + 1;
     println!(
         "Gemma 3 270M, {threads} threads ({}), window {window}, a conversation of {positions} positions",

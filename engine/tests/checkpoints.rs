@@ -17,15 +17,15 @@ const F32: (KvType, KvType) = (KvType::F32, KvType::F32);
 fn tiny(gemma: bool) -> Llama<Scalar> {
     let spec = TinyLlama {
         n_layers: 6,
-        n_heads: 2,
-        n_kv_heads: 1,
-        head_dim: 8,
-        ffn_dim: 32,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 4,
+        ffn_dim: 24,
         vocab_size: 50,
         context_len: 64,
         dtype: DType::F32,
-        seed: 3,
-        untied_output: false,
+        seed: 11,
+        untied_output: true,
     };
     let bytes = if gemma {
         spec.to_gemma3_gguf(5)

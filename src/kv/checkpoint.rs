@@ -34,7 +34,15 @@ use super::elem::Buf;
 use super::{Gate, KvError, KvType};
 
 /// How many window checkpoints a [`WindowKv`](super::WindowKv) keeps, and how far apart
-/// they are (see the [module docs](self)).
+/// they are.
+///
+/// A checkpoint at `p` holds every window layer's rows of the positions a query at `p`
+/// sees besides itself (at most `w − 1` per layer), taken when an append commits
+/// position `p` (from the ring and the append's own rows, wherever passes begin and
+/// end); with it the store can rewind to `p` behind its windows, and a session
+/// re-prefills from there. The latest `count` are kept, their bytes counted in the
+/// store's; one past a truncation or a replaced tail is dropped; one whose buffers are
+/// refused is not taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Checkpoints {
     /// One checkpoint at every multiple of `every` positions.
