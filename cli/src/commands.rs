@@ -7,6 +7,7 @@ use crate::{
 };
 use anyhow::{Context, bail};
 use kvcore::gguf::GgufFile;
+use kvcore::kv::Checkpoints;
 use kvcore::model::generate::GenerateError;
 use kvcore::model::{
     self, Activations, Decoder, GenerateParams, Generation, Llama, ModelError, Sampler,
@@ -271,14 +272,21 @@ impl StoreArgs {
     }
 
     /// An empty store of the kind `--kv` names for `model`, holding up to `max_ctx`
-    /// positions (a trait object: the one place the store is chosen at run time).
+    /// positions (a trait object: the one place the store is chosen at run time), with
+    /// the window checkpoints `--ctx-checkpoints` and `--checkpoint-every` ask for.
     pub fn new_store<B: Backend>(
         &self,
         model: &Llama<B>,
         max_ctx: usize,
     ) -> anyhow::Result<Box<dyn KvStore>> {
         let types = self.kv_types.single()?;
-        Ok(self.kv.new_store(model, max_ctx, types)?)
+        let checkpoints = Checkpoints {
+            every: self.checkpoint_every,
+            count: self.ctx_checkpoints,
+        };
+        Ok(self
+            .kv
+            .new_session_store(model, max_ctx, types, checkpoints)?)
     }
 
     /// Refuses `--ctx 0` and a list of KV types before anything is loaded.

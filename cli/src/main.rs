@@ -19,7 +19,9 @@ use backends::{
 };
 use clap::{Args, Parser, Subcommand};
 use kvcore::KvType;
+use kvcore::kv::Checkpoints;
 use kvcore::model::Activations;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -267,6 +269,14 @@ struct StoreArgs {
     /// Context size in positions [default: the model's trained context].
     #[arg(short = 'c', long, allow_negative_numbers = true)]
     ctx: Option<usize>,
+    /// Window checkpoints kept by a model with sliding-window layers (Gemma 3), so a
+    /// prompt that diverges behind the window re-prefills from the nearest one instead
+    /// of from 0 (0: none).
+    #[arg(long, value_name = "N", default_value_t = Checkpoints::DEFAULT_COUNT)]
+    ctx_checkpoints: usize,
+    /// Positions between window checkpoints.
+    #[arg(long, value_name = "K", default_value_t = Checkpoints::DEFAULT_EVERY)]
+    checkpoint_every: NonZeroUsize,
 }
 
 #[derive(Args, Debug)]

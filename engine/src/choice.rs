@@ -1,9 +1,10 @@
 //! Choices by name: the backend, its kernel path, the KV store, the activations and the
 //! KV element type, as a CLI flag, a C string or a Python keyword names them.
 
+use kvcore::kv::Checkpoints;
 use kvcore::model::Activations;
 use kvcore::model::{Llama, ModelError};
-use kvcore::{Backend, DenseKv, KvStore, KvType, SinkKv};
+use kvcore::{Backend, DenseKv, KvStore, KvType, SinkKv, WindowKv};
 use kvcore_simd::{Simd, SimdPath};
 use std::fmt;
 use std::str::FromStr;
@@ -99,6 +100,29 @@ impl KvChoice {
                 Box::new(kv.with_key_codec(&keys)?)
             }
         })
+    }
+
+    /// [`new_store`](Self::new_store) for a session: the growing store of a model with
+    /// sliding-window layers keeps window `checkpoints` ([`Checkpoints`]: a rewind
+    /// behind the window then re-prefills from the nearest one); every other store is
+    /// `new_store`'s.
+    pub fn new_session_store<B: Backend>(
+        self,
+        model: &Llama<B>,
+        max_ctx: usize,
+        types: (KvType, KvType),
+        checkpoints: Checkpoints,
+    ) -> Result<Box<dyn KvStore>, ModelError> {
+        let windows = model.config().windows();
+        if self != KvChoice::Grow || checkpoints.count == 0 || windows.iter().all(Option::is_none) {
+            return self.new_store(model, max_ctx, types);
+        }
+        // `with_types` checks the types' blocks before the keys' calibration runs.
+        let kv = WindowKv::with_types(model.kv_geometry(), max_ctx, &windows, types)?;
+        let keys = model.key_codec(types.0, max_ctx)?;
+        Ok(Box::new(
+            kv.with_key_codec(&keys)?.with_checkpoints(checkpoints),
+        ))
     }
 }
 

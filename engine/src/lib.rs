@@ -28,7 +28,7 @@ pub use kvcore_simd::SimdPath;
 pub use text::{chat_ids, prompt_ids};
 
 use kvcore::gguf::{GgufError, GgufFile};
-use kvcore::kv::{KvPool, KvTier, PagedKv, PoolConfig};
+use kvcore::kv::{Checkpoints, KvPool, KvTier, PagedKv, PoolConfig};
 use kvcore::model::generate::GenStats;
 use kvcore::model::{self, Activations, BatchSeq, Llama, LlamaConfig, ModelError, Sampler};
 use kvcore::ndarray::Array2;
@@ -330,6 +330,8 @@ pub struct Engine {
     template: Option<ChatTemplate>,
     options: Options,
     path: PathBuf,
+    /// The window checkpoints of its sessions' stores.
+    checkpoints: Checkpoints,
 }
 
 /// A session: the KV cache of one sequence and the ids it holds, with the logits of its
@@ -443,7 +445,24 @@ impl Engine {
             template,
             options,
             path,
+            checkpoints: Checkpoints::DEFAULT,
         })
+    }
+
+    /// The same engine making sessions whose windowed stores keep `checkpoints`
+    /// (llama.cpp's `--ctx-checkpoints`; the default, [`Checkpoints::DEFAULT`], keeps 8,
+    /// one every 512 positions; [`Checkpoints::NONE`] keeps none): a model with
+    /// sliding-window layers (Gemma 3) can then rewind behind its window, a new prompt
+    /// that diverges there re-prefilling from the nearest checkpoint instead of from 0.
+    /// Models without windows are unaffected.
+    pub fn with_checkpoints(mut self, checkpoints: Checkpoints) -> Self {
+        self.checkpoints = checkpoints;
+        self
+    }
+
+    /// The window checkpoints of its sessions' stores.
+    pub fn checkpoints(&self) -> Checkpoints {
+        self.checkpoints
     }
 
     /// The model's configuration (its shapes, as the file gives them).
@@ -532,7 +551,8 @@ impl Engine {
     }
 
     /// An empty session holding up to `max_ctx` positions (`None`: the trained context),
-    /// on the store the options named.
+    /// on the store the options named, keeping the engine's window
+    /// [`checkpoints`](Self::with_checkpoints) when the model has sliding windows.
     pub fn new_session(&self, max_ctx: Option<usize>) -> Result<EngineSession> {
         let trained = self.context_len();
         let max_ctx = max_ctx.unwrap_or(trained);
@@ -542,7 +562,9 @@ impl Engine {
             )));
         }
         let (kv, types) = (self.options.kv, self.options.kv_types);
-        let kv: Box<dyn KvStore> = with_model!(&self.model, m => kv.new_store(m, max_ctx, types)?);
+        let kv: Box<dyn KvStore> = with_model!(&self.model, m => {
+            kv.new_session_store(m, max_ctx, types, self.checkpoints)?
+        });
         Ok(EngineSession {
             session: Session::new(kv),
             logits: None,
@@ -781,7 +803,7 @@ impl EngineSession {
         self.session.kv().max_ctx()
     }
 
-    /// Bytes the KV store holds now.
+    /// Bytes the KV store holds now (its window checkpoints included).
     pub fn kv_bytes(&self) -> usize {
         self.session.kv().bytes()
     }

@@ -67,6 +67,7 @@
 //! allocated fallibly ([`KvError::AllocFailed`]), optionally through an [`AllocGate`] that
 //! may refuse.
 
+mod checkpoint;
 pub mod codec;
 mod dense;
 mod elem;
@@ -80,6 +81,7 @@ pub mod tier;
 mod view;
 mod window;
 
+pub use checkpoint::Checkpoints;
 pub use codec::{KvCodec, LayerCodec};
 pub use dense::DenseKv;
 pub use elem::{BlockQ4_0, BlockQ8_0, Q8_0_BLOCK};

@@ -48,12 +48,22 @@
 //! longer than the window that leaves only the last position replaceable (once), and
 //! `0` (a clear). A [`Session`](crate::Session) whose new turn diverges behind that limit
 //! re-prefills from position 0.
+//!
+//! ## Checkpoints
+//! A store made [`with_checkpoints`](WindowKv::with_checkpoints) keeps snapshots of its
+//! rings every `K` positions (`checkpoint.rs`): a truncation to a checkpoint's position,
+//! or an append starting there, is then possible behind the windows too, and a session
+//! re-prefills only from the nearest checkpoint before a divergence. An append at a
+//! checkpoint behind the windows views, commits and rolls back as any other: until its
+//! commit the checkpoint's rows stand in for the ring's in the written layers' views,
+//! and the commit copies them into the ring before the pending rows.
 
 use std::fmt;
 use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
+use super::checkpoint::{Checkpoints, Kept, RingRows, Snapshot};
 use super::elem::Buf;
 use super::rows::{Rows, checked_size, grown_capacity};
 use super::{
@@ -81,9 +91,13 @@ use super::{
 ///   `n + 1 − w .. n`, in every window layer; when one was evicted the call fails with
 ///   [`KvError::BehindWindow`] and changes nothing
 ///   ([`can_rewind_to`](KvStore::can_rewind_to) tells beforehand). `0` (a clear) and
-///   `len` are always possible. A [`Session`](crate::Session) then re-prefills from 0.
+///   `len` are always possible, and so is every window checkpoint's position when the
+///   store keeps them ([`with_checkpoints`](Self::with_checkpoints)). A
+///   [`Session`](crate::Session) then re-prefills from the nearest of these before the
+///   divergence.
 ///
-/// For every sequence of calls that does not rewind behind a window, its views hold,
+/// For every sequence of calls that does not rewind behind a window (other than to a
+/// checkpoint), its views hold,
 /// for every position a query can still see, bitwise the rows of a
 /// [`DenseKv`](super::DenseKv) given the same calls, so attention with the window as a
 /// mask gives bitwise the same result.
@@ -107,6 +121,8 @@ pub struct WindowKv {
     pending: Option<Pending>,
     /// The codecs of K and V (`kv/codec.rs`), the key codec also given to `global`.
     codecs: (KvCodec, KvCodec),
+    /// The window checkpoints (`checkpoint.rs`).
+    checkpoints: Kept,
 }
 
 /// Where a layer's rows live.
@@ -139,6 +155,10 @@ struct Pending {
     written: Vec<bool>,
     /// `[rings]`
     rings: Vec<Staged>,
+    /// The checkpoint behind the windows this append starts at, by its position.
+    from: Option<usize>,
+    /// The checkpoints this append takes, filled by the commit.
+    snaps: Vec<Snapshot>,
 }
 
 /// The pending state of one window layer.
@@ -163,7 +183,7 @@ impl Ring {
 
     /// The slot ranges holding positions `a .. b` (`b − a ≤ cap`), in position order:
     /// `(first position, first slot, slots)`, one or two runs.
-    fn runs(&self, a: usize, b: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    fn runs(&self, a: usize, b: usize) -> impl Iterator<Item = (usize, usize, usize)> + use<> {
         let count = b.saturating_sub(a);
         let (slot, first) = if count == 0 {
             (0, 0)
@@ -265,7 +285,28 @@ impl WindowKv {
             gate: None,
             pending: None,
             codecs: (KvCodec::new(types.0), KvCodec::new(types.1)),
+            checkpoints: Kept::new(Checkpoints::NONE),
         })
+    }
+
+    /// The same store keeping window checkpoints as `setting` says (see
+    /// [`Checkpoints`]; a new store keeps none, [`Checkpoints::NONE`]): from then on a
+    /// truncation to a checkpoint, or an append starting at one, is possible behind the
+    /// windows. Checkpoints past the new count are dropped, the oldest first.
+    pub fn with_checkpoints(mut self, setting: Checkpoints) -> Self {
+        self.checkpoints.setting = setting;
+        self.checkpoints.trim();
+        self
+    }
+
+    /// The checkpoint setting.
+    pub fn checkpoints(&self) -> Checkpoints {
+        self.checkpoints.setting
+    }
+
+    /// The positions of the checkpoints kept, ascending.
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.snaps.iter().map(|s| s.pos).collect()
     }
 
     /// The same empty store encoding its keys through `codec` (a model's comes from
@@ -364,12 +405,19 @@ impl WindowKv {
     /// The pending state of every ring for an append of positions `at .. end` whose
     /// window layers receive up to `rows` rows each: grown rings and staging, allocated
     /// through the gate.
-    fn stage(&self, at: usize, end: usize, restore: bool) -> Result<Vec<Staged>, KvError> {
+    fn stage(
+        &self,
+        at: usize,
+        end: usize,
+        restore: bool,
+        from: Option<&Snapshot>,
+    ) -> Result<Vec<Staged>, KvError> {
         let buf = |ty, rows| Buf::zeroed(ty, self.kv_dim, rows, &self.gate);
         let (kt, vt) = self.types;
         self.rings
             .iter()
-            .map(|ring| {
+            .enumerate()
+            .map(|(r, ring)| {
                 let limit = ring.window.min(self.max_ctx);
                 let needed = ring.window.min(end);
                 let grown = if needed > ring.cap {
@@ -381,16 +429,16 @@ impl WindowKv {
                         k: buf(kt, cap)?,
                         v: buf(vt, cap)?,
                     };
-                    // The retained positions a commit keeps: `lo .. min(len, at)`.
-                    let kept = if restore {
-                        0..0
-                    } else {
-                        ring.lo..self.len.min(at)
-                    };
-                    for p in kept {
-                        let (src, dst) = (p % ring.cap, p % cap);
-                        grown.k.copy_rows(dst, &ring.k, src, 1);
-                        grown.v.copy_rows(dst, &ring.v, src, 1);
+                    // The retained positions a commit keeps: `lo .. min(len, at)`, or
+                    // the checkpoint's.
+                    if let Some(snap) = from {
+                        copy_snapshot(&mut grown, &snap.rings[r], 0, at);
+                    } else if !restore {
+                        for p in ring.lo..self.len.min(at) {
+                            let (src, dst) = (p % ring.cap, p % cap);
+                            grown.k.copy_rows(dst, &ring.k, src, 1);
+                            grown.v.copy_rows(dst, &ring.v, src, 1);
+                        }
                     }
                     Some(grown)
                 } else {
@@ -411,17 +459,32 @@ impl WindowKv {
     /// Opens an append of `at .. at + n`, or a restore of `0 .. n`.
     fn open(&mut self, at: usize, n: usize, restore: bool) -> Result<(), KvError> {
         let end = check_begin(self.pending.is_some(), self.len, self.max_ctx, at, n)?;
-        if at < self.len && at > 0 && !self.rings_hold(at) {
-            return Err(self.behind(at));
-        }
-        let rings = self.stage(at, end, restore)?;
+        let from = if at < self.len && at > 0 && !self.rings_hold(at) {
+            Some(self.checkpoints.at(at).ok_or_else(|| self.behind(at))?)
+        } else {
+            None
+        };
+        let rings = self.stage(at, end, restore, from)?;
         self.global.begin(at, n)?;
+        // Last, so that a refused checkpoint leaves the append as it would be without.
+        let snaps = if restore {
+            Vec::new()
+        } else {
+            (self.checkpoints.setting.due(at, end))
+                .filter_map(|pos| {
+                    let windows = self.rings.iter().map(|r| r.window);
+                    Snapshot::alloc(pos, windows, self.types, self.kv_dim, &self.gate).ok()
+                })
+                .collect()
+        };
         self.pending = Some(Pending {
             at,
             n,
             restore,
             written: vec![false; self.geometry.n_layers],
             rings,
+            from: from.map(|s| s.pos),
+            snaps,
         });
         Ok(())
     }
@@ -452,12 +515,19 @@ impl WindowKv {
         let end = staged.map_or(self.len, |(p, _)| if p.restore { 0 } else { p.at });
         let end = end.min(self.len);
         let mut segments = Vec::with_capacity(3);
-        self.push_segments(
-            &mut segments,
-            &ring.k,
-            &ring.v,
-            ring.runs(ring.lo.min(end), end),
-        )?;
+        let from = staged.and_then(|(p, _)| self.checkpoints.at(p.from?));
+        if let Some(snap) = from {
+            let rows = &snap.rings[r];
+            let run = (rows.first, 0, end - rows.first);
+            self.push_segments(&mut segments, &rows.k, &rows.v, [run].into_iter())?;
+        } else {
+            self.push_segments(
+                &mut segments,
+                &ring.k,
+                &ring.v,
+                ring.runs(ring.lo.min(end), end),
+            )?;
+        }
         if let Some((_, s)) = staged {
             let run = (s.first, 0, s.rows);
             self.push_segments(&mut segments, &s.k, &s.v, [run].into_iter())?;
@@ -536,6 +606,17 @@ impl WindowKv {
     }
 }
 
+/// Copies the rows of `rows` (a checkpoint's) for positions `max(a, first) .. b` into
+/// `ring`'s slots.
+fn copy_snapshot(ring: &mut Ring, rows: &RingRows, a: usize, b: usize) {
+    let a = a.max(rows.first);
+    debug_assert!(b - a.min(b) <= ring.cap, "a checkpoint fits its ring");
+    for (pos, slot, slots) in ring.runs(a, b) {
+        ring.k.copy_rows(slot, &rows.k, pos - rows.first, slots);
+        ring.v.copy_rows(slot, &rows.v, pos - rows.first, slots);
+    }
+}
+
 /// Rows given to a window layer: f32 to encode, or already in the store's types.
 enum Incoming<'k, 'v> {
     F32(ArrayView2<'k, f32>, ArrayView2<'v, f32>),
@@ -599,9 +680,10 @@ impl KvStore for WindowKv {
                     let staging = s.k.bytes() + s.v.bytes();
                     staging + s.grown.as_ref().map_or(0, Ring::bytes)
                 })
-                .sum()
+                .sum::<usize>()
+                + p.snaps.iter().map(Snapshot::bytes).sum::<usize>()
         });
-        self.global.bytes() + rings + pending
+        self.global.bytes() + rings + pending + self.checkpoints.bytes()
     }
 
     fn view(&self, layer: usize) -> Result<KvView<'_>, KvError> {
@@ -628,20 +710,51 @@ impl KvStore for WindowKv {
         let p = self.pending.as_ref().ok_or(KvError::NoAppend)?;
         check_complete(p.n, &p.written)?;
         self.global.commit()?;
-        let p = self.pending.take().expect("checked above");
+        let mut p = self.pending.take().expect("checked above");
         let (at, end) = (p.at, p.at + p.n);
-        for (ring, staged) in self.rings.iter_mut().zip(p.rings) {
+        let from = p.from.and_then(|pos| self.checkpoints.at(pos));
+        // The new checkpoints, from the rows held before (the ring's, or those of the
+        // checkpoint the append starts at) and the pending ones, before any ring changes.
+        for snap in &mut p.snaps {
+            for (r, rows) in snap.rings.iter_mut().enumerate() {
+                let (ring, staged) = (&self.rings[r], &p.rings[r]);
+                let split = at.clamp(rows.first, snap.pos);
+                match from {
+                    Some(from) if split > rows.first => {
+                        let old = &from.rings[r];
+                        let (src, n) = (rows.first - old.first, split - rows.first);
+                        rows.k.copy_rows(0, &old.k, src, n);
+                        rows.v.copy_rows(0, &old.v, src, n);
+                    }
+                    Some(_) => {} // every row is pending
+                    None => {
+                        for (pos, slot, slots) in ring.runs(rows.first, split) {
+                            rows.k.copy_rows(pos - rows.first, &ring.k, slot, slots);
+                            rows.v.copy_rows(pos - rows.first, &ring.v, slot, slots);
+                        }
+                    }
+                }
+                let (dst, src, n) = (split - rows.first, split - staged.first, snap.pos - split);
+                rows.k.copy_rows(dst, &staged.k, src, n);
+                rows.v.copy_rows(dst, &staged.v, src, n);
+            }
+        }
+        for (r, (ring, staged)) in self.rings.iter_mut().zip(p.rings).enumerate() {
             if let Some(grown) = staged.grown {
                 (ring.k, ring.v, ring.cap) = (grown.k, grown.v, grown.cap);
             }
-            // Held after the commit: `base .. at` from before and `first .. end` pending
-            // (contiguous unless a restore), the last `cap` of them retained.
-            let base = if p.restore {
-                staged.first
-            } else {
-                ring.lo.min(at)
+            // Held after the commit: `base .. at` from before (or from the checkpoint)
+            // and `first .. end` pending (contiguous unless a restore), the last `cap` of
+            // them retained.
+            let base = match from {
+                _ if p.restore => staged.first,
+                Some(from) => from.rings[r].first,
+                None => ring.lo.min(at),
             };
             let lo = base.max(end.saturating_sub(ring.cap));
+            if let Some(from) = from {
+                copy_snapshot(ring, &from.rings[r], lo, at);
+            }
             for pos in lo.max(staged.first)..end {
                 let (src, dst) = (pos - staged.first, pos % ring.cap);
                 ring.k.copy_rows(dst, &staged.k, src, 1);
@@ -649,6 +762,8 @@ impl KvStore for WindowKv {
             }
             ring.lo = lo;
         }
+        self.checkpoints.drop_after(at);
+        self.checkpoints.push(p.snaps);
         self.len = end;
         Ok(())
     }
@@ -659,22 +774,33 @@ impl KvStore for WindowKv {
     }
 
     fn truncate(&mut self, n: usize) -> Result<(), KvError> {
-        if n > 0 && n < self.len && !self.rings_hold(n) {
+        let behind = n > 0 && n < self.len && !self.rings_hold(n);
+        if behind && self.checkpoints.at(n).is_none() {
             return Err(self.behind(n));
         }
         self.rollback();
         self.global.truncate(n);
         if n < self.len {
             self.len = n;
-            for ring in &mut self.rings {
-                ring.lo = ring.lo.min(n);
+            let from = self.checkpoints.at(n).filter(|_| behind);
+            for (r, ring) in self.rings.iter_mut().enumerate() {
+                match from {
+                    Some(from) => {
+                        copy_snapshot(ring, &from.rings[r], 0, n);
+                        ring.lo = from.rings[r].first;
+                    }
+                    None => ring.lo = ring.lo.min(n),
+                }
             }
         }
+        self.checkpoints.drop_after(n);
         Ok(())
     }
 
     fn can_rewind_to(&self, n: usize) -> bool {
-        n == self.len || n == 0 || (n < self.len && self.rings_hold(n))
+        n == self.len
+            || n == 0
+            || (n < self.len && (self.rings_hold(n) || self.checkpoints.at(n).is_some()))
     }
 
     fn window(&self, layer: usize) -> Option<usize> {
@@ -699,6 +825,9 @@ impl KvStore for WindowKv {
                 Ok(Ring { k, v, ..*r })
             })
             .collect::<Result<_, KvError>>()?;
+        let snaps = (self.checkpoints.snaps.iter())
+            .map(|s| s.copy(self.types, self.kv_dim, &self.gate))
+            .collect::<Result<_, KvError>>()?;
         Ok(WindowKv {
             windows: self.windows.clone(),
             map: self.map.clone(),
@@ -707,6 +836,10 @@ impl KvStore for WindowKv {
             gate: self.gate.clone(),
             pending: None,
             codecs: self.codecs.clone(),
+            checkpoints: Kept {
+                setting: self.checkpoints.setting,
+                snaps,
+            },
             ..*self
         })
     }
@@ -750,6 +883,7 @@ impl fmt::Debug for WindowKv {
                     .map(|r| (r.window, r.cap, r.lo))
                     .collect::<Vec<_>>(),
             )
+            .field("checkpoints", &self.checkpoint_positions())
             .field("append_open", &self.pending.is_some())
             .finish_non_exhaustive()
     }
@@ -1022,5 +1156,207 @@ mod tests {
         assert!(!kv.can_rewind_to(19) && kv.can_rewind_to(20));
         append(&mut kv, 20, 2).unwrap();
         check(&kv, 0, 17..22);
+    }
+
+    /// Appends `n` rows at `at` whose values depend on `tag` as well as on the layer and
+    /// position, so a rewritten history differs from the one it replaced.
+    fn append_tagged(kv: &mut impl KvStore, at: usize, n: usize, tag: u32) -> Result<(), KvError> {
+        let g = kv.geometry();
+        let d = g.kv_dim();
+        let mut tx = crate::kv::Append::begin(kv, at, n)?;
+        for layer in 0..g.n_layers {
+            let k = Array2::from_shape_fn((n, d), |(t, j)| {
+                (tag * 100_000 + (layer * 10_000 + (at + t) * 10 + j) as u32) as f32
+            });
+            let v = k.mapv(|x| -x);
+            tx.write(layer, k.view(), v.view())?;
+        }
+        tx.commit()
+    }
+
+    /// Per position of a layer's view, the bits of its key and value rows.
+    fn by_position(kv: &impl KvStore, layer: usize) -> Vec<(usize, Vec<u32>)> {
+        let bits = |rows: KvRows<'_>| match rows {
+            KvRows::F32(a) => a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            other => panic!("f32 rows expected, got {}", other.kv_type()),
+        };
+        let view = kv.view(layer).unwrap();
+        let mut out = Vec::new();
+        for s in view.segments() {
+            let (k, v) = (bits(s.keys()), bits(s.values()));
+            let per = k.len() / s.len().max(1);
+            for (i, pos) in s.positions().enumerate() {
+                let mut row = k[i * per..(i + 1) * per].to_vec();
+                row.extend_from_slice(&v[i * per..(i + 1) * per]);
+                out.push((pos, row));
+            }
+        }
+        out
+    }
+
+    /// Every row a window layer holds is the dense store's at that position, and it holds
+    /// every position a query at `len` sees; global layers hold all of them.
+    fn same_as_dense(kv: &WindowKv, dense: &DenseKv, what: &str) {
+        assert_eq!(kv.len(), dense.len(), "{what}: len");
+        for layer in 0..kv.geometry().n_layers {
+            let want = by_position(dense, layer);
+            let got = by_position(kv, layer);
+            let seen = match kv.window(layer) {
+                Some(w) => (kv.len() + 1).saturating_sub(w),
+                None => 0,
+            };
+            assert!(
+                got.first().map_or(kv.len(), |r| r.0) <= seen,
+                "{what}: layer {layer} misses positions from {seen}"
+            );
+            for (pos, row) in got {
+                assert_eq!(row, want[pos].1, "{what}: layer {layer} position {pos}");
+            }
+        }
+    }
+
+    fn checkpointed(windows: &[Option<usize>], every: usize, count: usize) -> WindowKv {
+        let g = geometry(windows.len(), 2);
+        let every = std::num::NonZeroUsize::new(every).unwrap();
+        WindowKv::new(g, 1000, windows)
+            .unwrap()
+            .with_checkpoints(Checkpoints { every, count })
+    }
+
+    #[test]
+    fn checkpoints_are_taken_inside_appends_and_bounded() {
+        let mut kv = checkpointed(&[Some(5), None, Some(3)], 4, 3);
+        let plain = {
+            let mut p = WindowKv::new(kv.geometry(), 1000, kv.windows()).unwrap();
+            append_tagged(&mut p, 0, 30, 1).unwrap();
+            p
+        };
+        append_tagged(&mut kv, 0, 30, 1).unwrap();
+        assert_eq!(
+            kv.checkpoint_positions(),
+            [20, 24, 28],
+            "the last 3 of one pass"
+        );
+        // A checkpoint at p holds min(p, w − 1) rows per window layer: 4 + 2 row pairs.
+        let snap = 2 * (4 + 2) * 2 * 4;
+        assert_eq!(kv.bytes(), plain.bytes() + 3 * snap);
+        // Decode steps take one at each multiple; the oldest go.
+        for pos in 30..41 {
+            append_tagged(&mut kv, pos, 1, 1).unwrap();
+        }
+        assert_eq!(kv.checkpoint_positions(), [32, 36, 40]);
+        assert_eq!(kv.bytes(), plain.bytes() + 3 * snap);
+        // A fork keeps them; none is kept with a count of 0.
+        let fork = kv.fork().unwrap();
+        assert_eq!(fork.checkpoint_positions(), kv.checkpoint_positions());
+        assert_eq!(fork.bytes(), kv.bytes());
+        let none = kv.fork().unwrap().with_checkpoints(Checkpoints::NONE);
+        assert_eq!(none.checkpoint_positions(), [0usize; 0]);
+        assert_eq!(none.bytes(), plain.bytes());
+    }
+
+    #[test]
+    fn a_rewind_behind_the_windows_goes_to_a_checkpoint_and_nowhere_else() {
+        let mut kv = checkpointed(&[Some(5), None, Some(3)], 4, 8);
+        let mut dense = DenseKv::new(kv.geometry(), 1000).unwrap();
+        for (at, n) in [(0, 9), (9, 10), (19, 1), (20, 3)] {
+            append_tagged(&mut kv, at, n, 1).unwrap();
+            append_tagged(&mut dense, at, n, 1).unwrap();
+        }
+        assert_eq!(kv.checkpoint_positions(), [4, 8, 12, 16, 20]);
+        // Behind the windows only the checkpoints can be rewound to.
+        for n in 1..19 {
+            assert_eq!(kv.can_rewind_to(n), n % 4 == 0, "{n}");
+        }
+        let before = (kv.bytes(), kv.checkpoint_positions(), by_position(&kv, 0));
+        assert!(matches!(kv.truncate(10), Err(KvError::BehindWindow { .. })));
+        assert!(matches!(kv.begin(10, 2), Err(KvError::BehindWindow { .. })));
+        // An append at a checkpoint, rolled back: nothing changed.
+        kv.begin(12, 3).unwrap();
+        for layer in 0..3 {
+            let rows = Array2::from_elem((3, 2), 9.0f32);
+            kv.write(layer, rows.view(), rows.view()).unwrap();
+            let (positions, _, _) = held(&kv, layer);
+            let from = kv.window(layer).map_or(0, |w| 13 - w);
+            assert_eq!(positions, (from..15).collect::<Vec<_>>(), "layer {layer}");
+        }
+        kv.rollback();
+        assert_eq!(
+            (kv.bytes(), kv.checkpoint_positions(), by_position(&kv, 0)),
+            before
+        );
+        same_as_dense(&kv, &dense, "after the rollback");
+        // Committed: a new history from 12 on; the checkpoints past 12 are gone.
+        append_tagged(&mut kv, 12, 2, 2).unwrap();
+        append_tagged(&mut dense, 12, 2, 2).unwrap();
+        same_as_dense(&kv, &dense, "an append at a checkpoint");
+        assert_eq!(kv.checkpoint_positions(), [4, 8, 12]);
+        for pos in 14..30 {
+            append_tagged(&mut kv, pos, 1, 3).unwrap();
+            append_tagged(&mut dense, pos, 1, 3).unwrap();
+            same_as_dense(&kv, &dense, "decoding after it");
+        }
+        assert_eq!(kv.checkpoint_positions(), [4, 8, 12, 16, 20, 24, 28]);
+        // A truncation to a checkpoint, then a new history.
+        kv.truncate(8).unwrap();
+        dense.truncate(8).unwrap();
+        same_as_dense(&kv, &dense, "truncated to a checkpoint");
+        assert_eq!(kv.checkpoint_positions(), [4, 8]);
+        append_tagged(&mut kv, 8, 30, 4).unwrap();
+        append_tagged(&mut dense, 8, 30, 4).unwrap();
+        same_as_dense(&kv, &dense, "a pass after the truncation");
+        assert_eq!(kv.checkpoint_positions(), [8, 12, 16, 20, 24, 28, 32, 36]);
+        kv.truncate(0).unwrap();
+        assert_eq!(kv.checkpoint_positions(), [0usize; 0]);
+    }
+
+    /// Random appends and truncations, wherever the store says it can rewind to, against
+    /// a dense store given the same calls; rings starting small, so appends at a
+    /// checkpoint also grow them.
+    #[test]
+    fn random_rewinds_to_checkpoints_are_the_dense_store() {
+        for seed in 1..40u64 {
+            let mut rng = seed;
+            let mut next = |m: usize| {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((rng >> 33) % m as u64) as usize
+            };
+            let every = 1 + next(7);
+            let mut kv = checkpointed(&[Some(70), None, Some(3 + next(9))], every, 1 + next(5));
+            let mut dense = DenseKv::new(kv.geometry(), 1000).unwrap();
+            for step in 0..60u32 {
+                let len = kv.len();
+                let what = format!("seed {seed} step {step}");
+                let at = len.saturating_sub(next(len.min(40) + 1));
+                if next(3) == 0 {
+                    if kv.can_rewind_to(at) {
+                        kv.truncate(at).unwrap();
+                        dense.truncate(at).unwrap();
+                    } else {
+                        assert!(kv.truncate(at).is_err(), "{what}");
+                    }
+                } else {
+                    let n = 1 + next(12);
+                    if at + n > 1000 {
+                        continue;
+                    }
+                    let allowed = kv.can_rewind_to(at);
+                    let r = append_tagged(&mut kv, at, n, step);
+                    assert_eq!(r.is_ok(), allowed, "{what}: {r:?}");
+                    if r.is_ok() {
+                        append_tagged(&mut dense, at, n, step).unwrap();
+                    }
+                }
+                same_as_dense(&kv, &dense, &what);
+                let kept = kv.checkpoint_positions();
+                assert!(kept.len() <= kv.checkpoints().count, "{what}");
+                assert!(
+                    kept.iter().all(|p| p % every == 0 && *p <= kv.len()),
+                    "{what}"
+                );
+            }
+        }
     }
 }

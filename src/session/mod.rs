@@ -10,6 +10,14 @@
 //! the same passes, a session's logits are bitwise those of a fresh one; a different
 //! split into passes changes only the matmuls' rounding.
 //!
+//! A store that evicts (a sliding-window [`WindowKv`](crate::WindowKv)) may not be able
+//! to go back to the first difference: the session then goes back to the nearest
+//! position before it the store can rewind to ([`Session::rewind_point`]): a window
+//! checkpoint ([`Checkpoints`](crate::kv::Checkpoints)) when the store keeps them, else
+//! 0, and runs the model from there. The logits are then bitwise those of a fresh
+//! session given the same passes (the original ones up to that position, then the
+//! re-prefill).
+//!
 //! Invariant: the store holds exactly positions `0 .. tokens().len()`, position `i`
 //! holding the rows of `tokens()[i]`.
 //!
@@ -102,11 +110,7 @@ impl<K: KvStore> Session<K> {
         if ids.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        let mut reused = self.common_prefix(ids).min(ids.len() - 1);
-        if !self.kv.can_rewind_to(reused) {
-            // The store evicted what a query at `reused` sees (a sliding window): start over.
-            reused = 0;
-        }
+        let reused = self.rewind_point(self.common_prefix(ids).min(ids.len() - 1));
         let suffix = &ids[reused..];
         let logits = model.forward_from(&mut self.kv, reused, suffix, Logits::Last)?;
         self.tokens.truncate(reused);
@@ -116,6 +120,20 @@ impl<K: KvStore> Session<K> {
             reused,
             prefilled: suffix.len(),
         })
+    }
+
+    /// The latest position `m ≤ min(n, len)` the session can go back to and run the model
+    /// from, keeping positions `0 .. m`: `min(n, len)` itself unless the store evicted
+    /// what a query there sees (a sliding window); then the latest window checkpoint
+    /// before it the store keeps, or 0.
+    pub fn rewind_point(&self, n: usize) -> usize {
+        // Stores answer `can_rewind_to` from their windows and checkpoints in a few
+        // comparisons; behind a window the walk back ends within one checkpoint spacing,
+        // or at 0 after at most `n` of them (against a re-prefill of `n` positions).
+        (0..=n.min(self.len()))
+            .rev()
+            .find(|&m| self.kv.can_rewind_to(m))
+            .unwrap_or(0)
     }
 
     /// Appends one token and returns the logits of its position, `[vocab]` (a decode
@@ -134,9 +152,10 @@ impl<K: KvStore> Session<K> {
     /// tokens).
     ///
     /// Errors with [`KvError::BehindWindow`] when the store cannot rewind to `n` (a
-    /// sliding-window store that evicted what a query at `n` sees; see
-    /// [`KvStore::can_rewind_to`]); the session is then unchanged. `truncate(0)` always
-    /// succeeds.
+    /// sliding-window store that evicted what a query at `n` sees and keeps no window
+    /// checkpoint at `n`; see [`KvStore::can_rewind_to`]); the session is then
+    /// unchanged. `truncate(0)` always succeeds. [`prefill`](Self::prefill) of the kept
+    /// ids goes back to the nearest [`rewind_point`](Self::rewind_point) instead.
     pub fn truncate(&mut self, n: usize) -> Result<(), KvError> {
         self.kv.truncate(n)?;
         self.tokens.truncate(n);

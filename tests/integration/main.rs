@@ -48,4 +48,5 @@ mod tokenizer_golden;
 mod tokenizer_props;
 mod transactions;
 mod window_attention;
+mod window_checkpoints;
 mod window_gemma3;

@@ -14,15 +14,16 @@
 
 use crate::common::*;
 use kvcore::gguf::GgufFile;
-use kvcore::kv::KvGeometry;
+use kvcore::kv::{Checkpoints, KvGeometry};
 use kvcore::model::{Llama, Logits, ModelError};
 use kvcore::ndarray::Array2;
 use kvcore::{DType, DenseKv, KvError, KvStore, Session, WindowKv};
 use kvcore_simd::Simd;
 use kvcore_test_support::tiny::TinyLlama;
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
-fn bits(a: &[f32]) -> Vec<u32> {
+pub(crate) fn bits(a: &[f32]) -> Vec<u32> {
     a.iter().map(|v| v.to_bits()).collect()
 }
 
@@ -36,7 +37,7 @@ fn same_rows(a: &Array2<f32>, b: &Array2<f32>, what: &str) {
     }
 }
 
-fn windowed<B: kvcore::Backend>(m: &Llama<B>, ctx: usize) -> WindowKv {
+pub(crate) fn windowed<B: kvcore::Backend>(m: &Llama<B>, ctx: usize) -> WindowKv {
     WindowKv::new(m.kv_geometry(), ctx, &m.config().windows()).unwrap()
 }
 
@@ -45,12 +46,7 @@ fn gemma3_on_a_window_store_is_bitwise_the_dense_store() {
     let model = load_gemma3(Simd::new());
     let c = model.config().clone();
     let window = c.layers[0].window.expect("layer 0 is a window layer");
-    let prompt = prompts("gemma3-270m-q4_k_m")
-        .into_iter()
-        .find(|p| p["name"] == "long-gpl2")
-        .expect("the long reference prompt");
-    let ids = ids(&prompt["prompt_ids"]);
-    let greedy = ids_of(&prompt["greedy_ids"]);
+    let (ids, greedy) = long_prompt();
     assert!(ids.len() > window + 100);
     let ctx = 1024;
 
@@ -121,8 +117,14 @@ fn gemma3_on_a_window_store_is_bitwise_the_dense_store() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    ids(v)
+/// The ids of Gemma 3's long reference prompt (`long-gpl2`, 697 positions, past the
+/// 512 window) and of its greedy continuation.
+pub(crate) fn long_prompt() -> (Vec<u32>, Vec<u32>) {
+    let prompt = prompts("gemma3-270m-q4_k_m")
+        .into_iter()
+        .find(|p| p["name"] == "long-gpl2")
+        .expect("the long reference prompt");
+    (ids(&prompt["prompt_ids"]), ids(&prompt["greedy_ids"]))
 }
 
 /// The cache of Gemma 3 270M's geometry at 512, 4096 and 32 768 positions: a `WindowKv`
@@ -202,7 +204,7 @@ fn a_store_window_smaller_than_the_layers_is_refused() {
     assert!(kv.is_empty());
 }
 
-fn tiny_model() -> Llama<Simd> {
+pub(crate) fn tiny_model() -> Llama<Simd> {
     let spec = TinyLlama {
         n_layers: 6,
         n_heads: 2,
@@ -224,7 +226,7 @@ fn tiny_model() -> Llama<Simd> {
 
 /// One step of a conversation.
 #[derive(Clone, Debug)]
-enum Op {
+pub(crate) enum Op {
     /// Prefill the conversation so far plus `n` new ids (one pass of the new part).
     Turn(usize, u32),
     /// Decode one id.
@@ -235,7 +237,7 @@ enum Op {
     Diverge(usize, usize, u32),
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(crate) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (1usize..14, 0u32..50).prop_map(|(n, s)| Op::Turn(n, s)),
         (0u32..50).prop_map(Op::Decode),
@@ -249,60 +251,90 @@ proptest! {
 
     #[test]
     fn random_conversations_are_bitwise_the_dense_store(ops in prop::collection::vec(op(), 1..24)) {
-        let model = tiny_model();
-        let ctx = 64;
-        let mut ws = Session::new(windowed(&model, ctx));
-        let mut ds = Session::new(DenseKv::new(model.kv_geometry(), ctx).unwrap());
-        let fresh = |n: usize, s: u32| (0..n as u32).map(|i| (i * 13 + s) % 50).collect::<Vec<_>>();
-        for op in ops {
-            match op {
-                Op::Turn(n, s) | Op::Diverge(_, n, s) if ds.len() + n > ctx => { let _ = s; }
-                Op::Turn(n, s) => {
-                    let mut all = ds.tokens().to_vec();
-                    all.extend(fresh(n, s));
-                    let a = ws.prefill(&model, &all).unwrap();
-                    let b = ds.prefill(&model, &all).unwrap();
-                    prop_assert_eq!(bits(&a.logits), bits(&b.logits));
-                }
-                Op::Diverge(keep, n, s) => {
-                    let keep = keep.min(ds.len());
-                    let mut all = ds.tokens()[..keep].to_vec();
-                    all.extend(fresh(n, s + 1));
-                    // Behind the rewind limit the windowed session prefills everything
-                    // again; the dense one is made to do the same, so both run the same
-                    // passes (a different split would change the matmuls' rounding).
-                    let common = ws.common_prefix(&all).min(all.len() - 1);
-                    let behind = !ws.kv().can_rewind_to(common);
-                    if behind {
-                        ds.clear();
-                    }
-                    let a = ws.prefill(&model, &all).unwrap();
-                    let b = ds.prefill(&model, &all).unwrap();
-                    prop_assert_eq!(bits(&a.logits), bits(&b.logits));
-                    prop_assert_eq!(ws.tokens(), ds.tokens());
-                    prop_assert_eq!(a.reused, b.reused);
-                    prop_assert!(!behind || a.reused == 0);
-                }
-                Op::Decode(id) if ds.len() < ctx && !ds.is_empty() => {
-                    let a = ws.decode(&model, id).unwrap();
-                    let b = ds.decode(&model, id).unwrap();
-                    prop_assert_eq!(bits(&a), bits(&b));
-                }
-                Op::Decode(_) => {}
-                Op::Back(k) => {
-                    let n = ds.len().saturating_sub(k);
-                    if ws.kv().can_rewind_to(n) {
-                        ws.truncate(n).unwrap();
-                        ds.truncate(n).unwrap();
-                    } else {
-                        let before = ws.tokens().to_vec();
-                        let refused = matches!(ws.truncate(n), Err(KvError::BehindWindow { .. }));
-                        prop_assert!(refused, "truncate({}) behind the window", n);
-                        prop_assert_eq!(ws.tokens(), &before[..]);
-                    }
+        replay(&ops, Checkpoints::NONE)?;
+    }
+}
+
+/// What a refused call must leave as it was.
+pub(crate) fn state(s: &Session<WindowKv>) -> (Vec<u32>, usize, Vec<usize>) {
+    (
+        s.tokens().to_vec(),
+        s.kv().bytes(),
+        s.kv().checkpoint_positions(),
+    )
+}
+
+/// Replays `ops` on a session of the tiny model over a windowed store keeping
+/// `checkpoints` and on one over a dense store given the same passes: bitwise alike after
+/// every step; every refused call changes nothing; at most `checkpoints.count` are kept,
+/// each at a multiple of `checkpoints.every`.
+pub(crate) fn replay(ops: &[Op], checkpoints: Checkpoints) -> Result<(), TestCaseError> {
+    let model = tiny_model();
+    let ctx = 64;
+    let mut ws = Session::new(windowed(&model, ctx).with_checkpoints(checkpoints));
+    let mut ds = Session::new(DenseKv::new(model.kv_geometry(), ctx).unwrap());
+    let fresh = |n: usize, s: u32| (0..n as u32).map(|i| (i * 13 + s) % 50).collect::<Vec<_>>();
+    for op in ops.iter().cloned() {
+        match op {
+            Op::Turn(n, _) | Op::Diverge(_, n, _) if ds.len() + n > ctx => {}
+            Op::Turn(n, s) => {
+                let mut all = ds.tokens().to_vec();
+                all.extend(fresh(n, s));
+                let a = ws.prefill(&model, &all).unwrap();
+                let b = ds.prefill(&model, &all).unwrap();
+                prop_assert_eq!(bits(&a.logits), bits(&b.logits));
+            }
+            Op::Diverge(keep, n, s) => {
+                let keep = keep.min(ds.len());
+                let mut all = ds.tokens()[..keep].to_vec();
+                all.extend(fresh(n, s + 1));
+                // Behind the rewind limit the windowed session goes back to its rewind
+                // point (a checkpoint, or 0) and prefills from there; the dense one is
+                // made to do the same, so both run the same passes (a different split
+                // would change the matmuls' rounding).
+                let common = ws.common_prefix(&all).min(all.len() - 1);
+                let behind = !ws.kv().can_rewind_to(common);
+                let m = ws.rewind_point(common);
+                prop_assert!(ws.kv().can_rewind_to(m) && m <= common);
+                // The same turn with an id outside the vocabulary fails, changing nothing.
+                let before = state(&ws);
+                let mut bad = all.clone();
+                *bad.last_mut().unwrap() = 50;
+                prop_assert!(ws.prefill(&model, &bad).is_err());
+                prop_assert_eq!(state(&ws), before);
+                ds.truncate(m).unwrap();
+                let a = ws.prefill(&model, &all).unwrap();
+                let b = ds.prefill(&model, &all).unwrap();
+                prop_assert_eq!(bits(&a.logits), bits(&b.logits));
+                prop_assert_eq!(ws.tokens(), ds.tokens());
+                prop_assert_eq!(a.reused, b.reused);
+                prop_assert_eq!(a.reused, m);
+                prop_assert!(!behind || a.reused == 0 || checkpoints.count > 0);
+            }
+            Op::Decode(id) if ds.len() < ctx && !ds.is_empty() => {
+                let a = ws.decode(&model, id).unwrap();
+                let b = ds.decode(&model, id).unwrap();
+                prop_assert_eq!(bits(&a), bits(&b));
+            }
+            Op::Decode(_) => {}
+            Op::Back(k) => {
+                let n = ds.len().saturating_sub(k);
+                if ws.kv().can_rewind_to(n) {
+                    ws.truncate(n).unwrap();
+                    ds.truncate(n).unwrap();
+                } else {
+                    let before = state(&ws);
+                    let refused = matches!(ws.truncate(n), Err(KvError::BehindWindow { .. }));
+                    prop_assert!(refused, "truncate({}) behind the window", n);
+                    prop_assert_eq!(state(&ws), before);
                 }
             }
-            prop_assert_eq!(ws.tokens(), ds.tokens());
         }
+        prop_assert_eq!(ws.tokens(), ds.tokens());
+        let kept = ws.kv().checkpoint_positions();
+        prop_assert!(kept.len() <= checkpoints.count);
+        let every = checkpoints.every.get();
+        prop_assert!(kept.iter().all(|&p| p % every == 0 && p <= ws.len()));
     }
+    Ok(())
 }
