@@ -23,7 +23,7 @@ import kvserve  # noqa: E402
 check = kvserve.check
 
 
-def replicas(binary, model, work, tier_args):
+def replicas(binary, model, tier_args):
     out = []
     for i in range(3):
         args = ["-t", "1", "--kv-budget", "256M", "--parallel", "2", *tier_args(i)]
@@ -31,7 +31,7 @@ def replicas(binary, model, work, tier_args):
     return out
 
 
-def wait_healthy(gateway, replicas, seconds=60):
+def wait_healthy(replicas, seconds=60):
     """Until the gateway answers a request again after a restart (its health checks run
     every second)."""
     deadline = time.time() + seconds
@@ -47,7 +47,7 @@ def wait_healthy(gateway, replicas, seconds=60):
 
 def disk_phase(binary, model, smg, work):
     print("-- disk tiers, cache_aware, a restart between turns 2 and 3")
-    reps = replicas(binary, model, work, lambda i: ["--kv-tier", os.path.join(work, f"tier{i}")])
+    reps = replicas(binary, model, lambda i: ["--kv-tier", os.path.join(work, f"tier{i}")])
     gw = kvserve.Gateway(smg, [r.url for r in reps], "cache_aware", 2,
                          os.path.join(work, "smg-disk.log"))
     try:
@@ -66,7 +66,7 @@ def disk_phase(binary, model, smg, work):
             check(status == 0, f"a replica exits 0 after SIGTERM ({status})")
         for r in reps:
             r.start()
-        wait_healthy(gw, reps)
+        wait_healthy(reps)
         conv.run(gw.url, 3, 1)
         s = conv.summary(reps, turns={3})
         check(s["client_errors"] == 0, f"no client error after the restart {s['error_samples']}")
@@ -86,7 +86,7 @@ def redis_phase(binary, model, smg, redis_server, work):
     print("-- one Redis tier, round_robin")
     redis = kvserve.Redis(redis_server, work)
     secret = os.path.join(work, "secret")
-    reps = replicas(binary, model, work,
+    reps = replicas(binary, model,
                     lambda i: ["--kv-tier", redis.url, "--kv-tier-secret-file", secret])
     gw = kvserve.Gateway(smg, [r.url for r in reps], "round_robin", 2,
                          os.path.join(work, "smg-redis.log"))

@@ -10,6 +10,7 @@ requests sent.
 """
 
 import json
+import os
 import re
 import signal
 import socket
@@ -18,40 +19,25 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
+import kvserve  # noqa: E402
+
 # The binary and model every Server runs (set from the command line, or by a script that
 # imports these helpers).
 BINARY, MODEL = None, None
-FAILURES = []
+FAILURES = kvserve.FAILURES
+check = kvserve.check
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+class Server(kvserve.Replica):
+    """`kvcore serve MODEL` on a port the OS picks (`-t 1` unless `extra` sets it), with
+    raw-socket requests."""
 
-
-class Server:
     def __init__(self, *extra):
-        self.log = []
-        self.proc = subprocess.Popen(
-            [BINARY, "serve", MODEL, "--port", "0", *(["-t", "1"] if "-t" not in extra else []), *extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-        self.addr = None
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
-                if m:
-                    self.addr = (m.group(1), int(m.group(2)))
-                    ready.set()
-            ready.set()
-        threading.Thread(target=read, daemon=True).start()
-        ready.wait(120)
-        if self.addr is None:
-            raise SystemExit("kvcore serve did not start:\n" + "".join(self.log))
+        threads = ["-t", "1"] if "-t" not in extra else []
+        super().__init__(BINARY, MODEL, *threads, *extra)
+        host, port = self.url.split("//", 1)[1].rsplit(":", 1)
+        self.addr = (host, int(port))
 
     def connect(self, timeout=30):
         s = socket.create_connection(self.addr, timeout=timeout)

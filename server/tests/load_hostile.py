@@ -14,7 +14,6 @@ Usage: python3 load_hostile.py KVCORE_BINARY MODEL [--threads N] [--requests N]
 import argparse
 import json
 import os
-import socket
 import threading
 import time
 
